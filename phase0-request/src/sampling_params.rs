@@ -91,14 +91,15 @@ impl SamplingParams {
                 reason,
             })
         };
-        if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
+        // `is_finite` also rejects NaN, which no comparison would.
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad(
                 "temperature",
                 self.temperature.to_string(),
                 "must be a finite number >= 0",
             );
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
             return bad("top_p", self.top_p.to_string(), "must be in (0, 1]");
         }
         if self.top_k == 0 || self.top_k < -1 {
