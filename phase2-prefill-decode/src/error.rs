@@ -1,0 +1,28 @@
+//! The errors of chapter 2: loading a model folder, and running it.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A model folder problem; names the file and what is wrong with it.
+    #[error("cannot load model from {}: {reason}", file.display())]
+    ModelLoad { file: PathBuf, reason: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A batch the runner cannot execute (wrong page counts, positions past the model's limit).
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error(transparent)]
+    Request(#[from] phase0::Error),
+    #[error(transparent)]
+    Pool(#[from] phase1::Error),
+}
+
+impl Error {
+    pub fn model_load(file: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::ModelLoad {
+            file: file.into(),
+            reason: reason.into(),
+        }
+    }
+}
