@@ -36,54 +36,71 @@ pub fn argmax(logits: &[f32]) -> TokenId {
 }
 
 /// Samples one token id from a row of logits.
+///
+/// The procedure is fixed so that every backend can follow it exactly: top-k and top-p only
+/// decide a logit *threshold* (the candidates are every token whose logit reaches it); the
+/// draw then walks the candidates in vocabulary order, not sorted order, which a GPU does
+/// with one prefix sum instead of a sort.
 pub fn sample(logits: &[f32], spec: &SampleSpec) -> TokenId {
     // BEGIN SOLUTION
     if spec.temperature == 0.0 {
         return argmax(logits);
     }
-    // Candidates sorted by logit, highest first; top-k keeps only the first k.
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-    if spec.top_k > 0 && (spec.top_k as usize) < order.len() {
-        let k = spec.top_k as usize;
-        order.select_nth_unstable_by(k - 1, by_logit_desc);
-        order.truncate(k);
-    }
-    order.sort_unstable_by(by_logit_desc);
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weight = |x: f32| ((x - max) / spec.temperature).exp();
+    let threshold = keep_threshold(logits, spec, max);
 
-    // Softmax of logits / temperature over the candidates (shifted by the max for stability).
-    let max = logits[order[0] as usize];
-    let mut probs: Vec<f32> = order
+    let kept_mass: f32 = logits
         .iter()
-        .map(|&i| ((logits[i as usize] - max) / spec.temperature).exp())
-        .collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
+        .filter(|&&x| x >= threshold)
+        .map(|&x| weight(x))
+        .sum();
+    let target = uniform(spec.seed, spec.step) * kept_mass;
+    let mut cumulative = 0.0;
+    let mut last_kept = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x >= threshold {
+            cumulative += weight(x);
+            last_kept = i;
+            if target < cumulative {
+                return i as TokenId;
+            }
+        }
+    }
+    // Rounding can leave `target` a hair above the final sum: the last candidate takes it.
+    last_kept as TokenId
+    // END SOLUTION
+}
 
-    // Top-p: the smallest head of the sorted list whose mass reaches top_p.
-    let mut keep = probs.len();
+/// The smallest logit still a candidate after top-k and top-p (`-inf` when both are off).
+fn keep_threshold(logits: &[f32], spec: &SampleSpec, max: f32) -> f32 {
+    let top_k_on = spec.top_k > 0 && (spec.top_k as usize) < logits.len();
+    if !top_k_on && spec.top_p >= 1.0 {
+        return f32::NEG_INFINITY;
+    }
+    // BEGIN SOLUTION
+    let mut sorted: Vec<f32> = logits.to_vec();
+    sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+    if top_k_on {
+        sorted.truncate(spec.top_k as usize);
+    }
     if spec.top_p < 1.0 {
+        // Top-p over the top-k survivors: the shortest head whose probability reaches top_p.
+        let weights: Vec<f32> = sorted
+            .iter()
+            .map(|&x| ((x - max) / spec.temperature).exp())
+            .collect();
+        let total: f32 = weights.iter().sum();
         let mut mass = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            mass += p;
+        for (i, w) in weights.iter().enumerate() {
+            mass += w / total;
             if mass >= spec.top_p {
-                keep = i + 1;
+                sorted.truncate(i + 1);
                 break;
             }
         }
     }
-    let kept_mass: f32 = probs[..keep].iter().sum();
-
-    // Walk the cumulative distribution up to the uniform draw.
-    let target = uniform(spec.seed, spec.step) * kept_mass;
-    let mut cumulative = 0.0;
-    for (i, p) in probs[..keep].iter().enumerate() {
-        cumulative += p;
-        if target < cumulative {
-            return order[i];
-        }
-    }
-    order[keep - 1]
+    *sorted.last().expect("at least one candidate")
     // END SOLUTION
 }
 
