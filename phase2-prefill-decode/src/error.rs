@@ -9,6 +9,9 @@ pub enum Error {
     ModelLoad { file: PathBuf, reason: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A prompt that can never be scheduled under the configured limits.
+    #[error("prompt of {len} tokens is longer than the limit of {max}")]
+    PromptTooLong { len: usize, max: usize },
     /// A batch the runner cannot execute (wrong page counts, positions past the model's limit).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

@@ -7,9 +7,15 @@
 //! [`ModelRunner`] is the seam between scheduling and math; [`PrefillManager`] and
 //! [`DecodeManager`] are the first, simplest scheduling policy on top of it.
 
+mod decode_manager;
 mod error;
+mod prefill_manager;
 mod runner;
 pub mod sampler;
+mod seq_state;
 
+pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
+pub use prefill_manager::{PrefillManager, SchedulerConfig};
 pub use runner::{ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment};
+pub use seq_state::SeqState;
