@@ -9,6 +9,7 @@
 
 mod decode_manager;
 mod error;
+mod hash_runner;
 mod prefill_manager;
 mod runner;
 pub mod sampler;
@@ -16,6 +17,7 @@ mod seq_state;
 
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
+pub use hash_runner::HashRunner;
 pub use prefill_manager::{PrefillManager, SchedulerConfig};
 pub use runner::{ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment};
 pub use seq_state::SeqState;
