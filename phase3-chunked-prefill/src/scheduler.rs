@@ -137,7 +137,15 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
                 self.pool.num_pages()
             )));
         }
-        Ok(self.build_step())
+        let step = self.build_step();
+        if step.forward.seqs.is_empty() && self.has_work() {
+            return Err(Error::InvalidBatch(format!(
+                "out of KV pages: no waiting prompt fits in the {} free of {} pages",
+                self.pool.num_free(),
+                self.pool.num_pages()
+            )));
+        }
+        Ok(step)
     }
 
     /// Applies a step's sampled tokens (in the order of the sampling sequences of
