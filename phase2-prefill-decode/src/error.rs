@@ -12,6 +12,9 @@ pub enum Error {
     /// A prompt that can never be scheduled under the configured limits.
     #[error("prompt of {len} tokens is longer than the limit of {max}")]
     PromptTooLong { len: usize, max: usize },
+    /// No KV page left for work that must run; chapter 5 preempts instead where it can.
+    #[error("out of KV pages: {0}")]
+    OutOfMemory(String),
     /// A batch the runner cannot execute (wrong page counts, positions past the model's limit).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

@@ -134,12 +134,14 @@ impl ChunkedPrefillManager {
     }
 
     /// Chooses this step's prefill chunks, given that `num_decoding` sequences decode in it
-    /// (each costing one token of the budget and one seat). Slots are reserved on return.
+    /// (each costing one token of the budget and one seat); new prompts are admitted only
+    /// when `admit` is true. Slots are reserved on return.
     pub fn schedule(
         &mut self,
         pool: &mut KvPool,
         cache: &mut impl PrefixCache,
         num_decoding: usize,
+        admit: bool,
     ) -> Vec<PrefillChunk> {
         // BEGIN SOLUTION
         let cfg = self.config;
@@ -163,7 +165,7 @@ impl ChunkedPrefillManager {
         self.prefilling.rotate_left(served);
 
         // New prompts, first come first served, while budget and seats last.
-        while budget > 0 && num_decoding + self.prefilling.len() < cfg.max_num_seqs {
+        while admit && budget > 0 && num_decoding + self.prefilling.len() < cfg.max_num_seqs {
             let Some(mut state) = self.waiting.pop_front() else {
                 break;
             };

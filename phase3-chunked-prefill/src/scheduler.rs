@@ -99,12 +99,13 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
         still_blocked
     }
 
-    /// Builds the step once every decode has its slot: decodes, then prompt chunks.
-    pub fn build_step(&mut self) -> Scheduled {
+    /// Builds the step once every decode has its slot: decodes, then prompt chunks (and new
+    /// prompts only when `admit` is true).
+    pub fn build_step(&mut self, admit: bool) -> Scheduled {
         let decodes: Vec<SeqId> = self.decode.running().iter().map(SeqState::id).collect();
         let chunks = self
             .prefill
-            .schedule(&mut self.pool, &mut self.cache, decodes.len());
+            .schedule(&mut self.pool, &mut self.cache, decodes.len(), admit);
         let mut forward = ForwardBatch::default();
         let mut plan = Batch::new();
         for s in self.decode.running() {
@@ -131,16 +132,16 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
     /// is an out-of-memory error.
     pub fn schedule(&mut self) -> Result<Scheduled, Error> {
         if let Some(&id) = self.reserve_decodes().first() {
-            return Err(Error::InvalidBatch(format!(
-                "out of KV pages: sequence {id} cannot grow ({} of {} pages free)",
+            return Err(Error::OutOfMemory(format!(
+                "sequence {id} cannot grow ({} of {} pages free)",
                 self.pool.num_free(),
                 self.pool.num_pages()
             )));
         }
-        let step = self.build_step();
+        let step = self.build_step(true);
         if step.forward.seqs.is_empty() && self.has_work() {
-            return Err(Error::InvalidBatch(format!(
-                "out of KV pages: no waiting prompt fits in the {} free of {} pages",
+            return Err(Error::OutOfMemory(format!(
+                "no waiting prompt fits in the {} free of {} pages",
                 self.pool.num_free(),
                 self.pool.num_pages()
             )));
