@@ -54,6 +54,9 @@ impl DecodeManager {
 
     /// Takes out every finished sequence, keeping the others in order.
     pub fn take_finished(&mut self) -> Vec<SeqState> {
+        if !self.running.iter().any(|s| s.seq.is_finished()) {
+            return Vec::new();
+        }
         let (done, running) = std::mem::take(&mut self.running)
             .into_iter()
             .partition(|s| s.seq.is_finished());

@@ -173,15 +173,16 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
             token
         };
 
-        // Decodes come first in the batch, then chunks: take tokens in that order.
-        for id in &scheduled.decodes {
+        // Decodes come first in the batch, then chunks: take tokens in that order. The
+        // running list is the one the step was built from, in the same order.
+        let running = self.decode.running_mut();
+        assert_eq!(
+            running.len(),
+            scheduled.decodes.len(),
+            "running set changed mid-step"
+        );
+        for (state, id) in running.iter_mut().zip(&scheduled.decodes) {
             let token = next_token(*id);
-            let state = self
-                .decode
-                .running_mut()
-                .iter_mut()
-                .find(|s| s.id() == *id)
-                .expect("scheduled decode is running");
             state.num_computed += 1;
             append(
                 state,
@@ -211,11 +212,17 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
     }
 
     /// Offers a leaving sequence's computed pages to the cache, then frees its own holders.
+    /// A sequence that reads shared segments (registered chunks) offers nothing: its own pages
+    /// do not start at token 0, so they cannot be a prefix.
     pub fn retire(&mut self, state: &mut SeqState) {
         let tokens = state.seq.all_tokens();
-        let computed = &tokens[..state.num_computed];
+        let (computed, pages) = if state.shared_kv.is_empty() {
+            (&tokens[..state.num_computed], state.own_kv.pages())
+        } else {
+            (&[][..], &[][..])
+        };
         self.cache
-            .release(&mut self.pool, state.id(), computed, state.own_kv.pages());
+            .release(&mut self.pool, state.id(), computed, pages);
         state
             .release(&mut self.pool)
             .expect("a sequence holds each of its pages once");
