@@ -1,0 +1,308 @@
+//! `cargo xtask`: project tasks that are not part of the engine.
+//!
+//! `cargo xtask starter --phase N --out DIR` writes the student workspace for chapter N: a
+//! copy of this repository in which every chapter from N on has its solution regions replaced
+//! by `todo!("chapter N.k: ...")`, keeping every signature and every test, so the reference
+//! tests become the student's harness. `--check` proves, in a temporary directory, that the
+//! starter builds and that its chapter tests fail only with those todo messages.
+//! `cargo xtask regions` lists every solution region (the teacher's map of the course).
+
+mod solution_regions;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use solution_regions::{Region, replace_regions};
+
+const USAGE: &str = "usage:
+  cargo xtask starter --phase N --out DIR    write the starter workspace for chapter N
+  cargo xtask starter --check [--phase N]    check the starter of chapter N (default: every chapter)
+  cargo xtask regions                        list every solution region";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let root = repo_root();
+    match args.first().map(String::as_str) {
+        Some("starter") => {
+            let mut phase = None;
+            let mut out = None;
+            let mut check = false;
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--phase" => {
+                        let v = it.next().ok_or("--phase needs a number")?;
+                        phase = Some(v.parse::<usize>().map_err(|_| format!("bad phase {v:?}"))?);
+                    }
+                    "--out" => {
+                        out = Some(PathBuf::from(it.next().ok_or("--out needs a directory")?))
+                    }
+                    "--check" => check = true,
+                    other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+                }
+            }
+            let phases = phase_dirs(&root)?;
+            if let Some(p) = phase
+                && !phases.contains_key(&p)
+            {
+                return Err(format!(
+                    "no chapter {p}: phases are {:?}",
+                    phases.keys().collect::<Vec<_>>()
+                ));
+            }
+            if check {
+                let chapters: Vec<usize> = match phase {
+                    Some(p) => vec![p],
+                    None => phases.keys().copied().collect(),
+                };
+                for p in chapters {
+                    check_starter(&root, p)?;
+                }
+                Ok(())
+            } else {
+                let phase = phase.ok_or(format!("--phase is required\n{USAGE}"))?;
+                let out = out.ok_or(format!("--out is required\n{USAGE}"))?;
+                let regions = write_starter(&root, phase, &out)?;
+                println!(
+                    "wrote the chapter {phase} starter to {} ({} todo!s to write)",
+                    out.display(),
+                    regions.len()
+                );
+                println!("next: cd {} && cargo test -p phase{phase}", out.display());
+                Ok(())
+            }
+        }
+        Some("regions") => {
+            for (p, dir) in phase_dirs(&root)? {
+                for (file, region) in regions_of(&root, &dir, p)? {
+                    println!(
+                        "{}  {}  {}  {}",
+                        region.section, file, region.function, region.hint
+                    );
+                }
+            }
+            Ok(())
+        }
+        _ => Err(USAGE.into()),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the repository")
+        .to_path_buf()
+}
+
+/// `phaseN-name` folders by chapter number.
+fn phase_dirs(root: &Path) -> Result<BTreeMap<usize, String>, String> {
+    let mut phases = BTreeMap::new();
+    for entry in fs::read_dir(root).map_err(|e| e.to_string())? {
+        let name = entry
+            .map_err(|e| e.to_string())?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if let Some(rest) = name.strip_prefix("phase")
+            && let Some((n, _)) = rest.split_once('-')
+            && let Ok(n) = n.parse()
+        {
+            phases.insert(n, name);
+        }
+    }
+    Ok(phases)
+}
+
+/// Files of the repository as git sees them (tracked, and new files not ignored).
+fn repo_files(root: &Path) -> Result<Vec<String>, String> {
+    let out = Command::new("git")
+        .args([
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "-z",
+        ])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git ls-files failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty() && root.join(f).is_file())
+        .map(str::to_string)
+        .collect())
+}
+
+/// The Rust sources of one chapter, sorted, so region numbers are stable.
+fn chapter_sources(root: &Path, dir: &str) -> Result<Vec<String>, String> {
+    let mut files: Vec<String> = repo_files(root)?
+        .into_iter()
+        .filter(|f| f.starts_with(&format!("{dir}/src/")) && f.ends_with(".rs"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Region)>, String> {
+    let mut all = Vec::new();
+    for file in chapter_sources(root, dir)? {
+        let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+        let (_, regions) =
+            replace_regions(&text, chapter, all.len() + 1).map_err(|e| format!("{file}: {e}"))?;
+        all.extend(regions.into_iter().map(|r| (file.clone(), r)));
+    }
+    Ok(all)
+}
+
+/// Copies the repository to `out` with the solution regions of chapters >= `phase` replaced.
+fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, String> {
+    let phases = phase_dirs(root)?;
+    let mut replaced: BTreeMap<String, String> = BTreeMap::new();
+    let mut listing = Vec::new();
+    for (&p, dir) in phases.range(phase..) {
+        let mut index = 1;
+        for file in chapter_sources(root, dir)? {
+            let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+            let (new, regions) =
+                replace_regions(&text, p, index).map_err(|e| format!("{file}: {e}"))?;
+            index += regions.len();
+            if !regions.is_empty() {
+                replaced.insert(file.clone(), new);
+                listing.extend(regions.into_iter().map(|r| (file.clone(), r)));
+            }
+        }
+    }
+    for file in repo_files(root)? {
+        let dst = out.join(&file);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        match replaced.get(&file) {
+            Some(text) => fs::write(&dst, text),
+            None => fs::copy(root.join(&file), &dst).map(|_| ()),
+        }
+        .map_err(|e| format!("{}: {e}", dst.display()))?;
+    }
+    let mut guide = format!(
+        "# Starter workspace: chapter {phase}\n\nEvery `todo!` below is yours to write; `cargo test -p phase{phase}` tells you which are left.\n\n"
+    );
+    for (file, r) in &listing {
+        guide.push_str(&format!(
+            "- {}: `{}` in `{file}`. {}\n",
+            r.section, r.function, r.hint
+        ));
+    }
+    fs::write(out.join("STARTER.md"), guide).map_err(|e| e.to_string())?;
+    Ok(listing.into_iter().map(|(_, r)| r).collect())
+}
+
+/// Writes the chapter's starter to a temporary directory, builds it, and runs the chapter's
+/// tests: they must fail, and only with that chapter's todo messages.
+fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!(
+        "nano-serving-starter-{phase}-{}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    let regions = write_starter(root, phase, &dir)?;
+    // Share the repository's build directory: the dependencies are compiled once.
+    let target = root.join("target");
+    let cargo = |args: &[&str]| {
+        Command::new(env!("CARGO"))
+            .args(args)
+            .current_dir(&dir)
+            .env("CARGO_TARGET_DIR", &target)
+            .output()
+            .map_err(|e| format!("cannot run cargo: {e}"))
+    };
+    let built = cargo(&["check", "--workspace", "--all-targets", "--quiet"])?;
+    if !built.status.success() {
+        return Err(format!(
+            "chapter {phase} starter does not build:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        ));
+    }
+    let package = format!("phase{phase}");
+    let tested = cargo(&[
+        "test",
+        "-p",
+        &package,
+        "--no-fail-fast",
+        "--",
+        "--test-threads=1",
+    ])?;
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&tested.stdout),
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    let failures = failure_sections(&log);
+    let expected = format!("not yet implemented: chapter {phase}.");
+    let wrong: Vec<&(String, String)> = failures
+        .iter()
+        .filter(|(_, body)| !body.contains(&expected))
+        .collect();
+    let _ = fs::remove_dir_all(&dir);
+    if regions.is_empty() {
+        println!("chapter {phase}: no solution regions, nothing to check");
+        return Ok(());
+    }
+    if tested.status.success() || failures.is_empty() {
+        return Err(format!(
+            "chapter {phase} starter: its tests pass, but {} todo!s are left",
+            regions.len()
+        ));
+    }
+    if let Some((name, body)) = wrong.first() {
+        return Err(format!(
+            "chapter {phase} starter: test {name} fails for another reason than a chapter {phase} todo:\n{body}"
+        ));
+    }
+    println!(
+        "chapter {phase}: starter builds; {} tests fail, each on a chapter {phase} todo ({} todo!s)",
+        failures.len(),
+        regions.len()
+    );
+    Ok(())
+}
+
+/// The `---- name stdout ----` sections of a cargo test log, by test name.
+fn failure_sections(log: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in log.lines() {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|l| l.strip_suffix(" stdout ----"))
+        {
+            out.push((name.to_string(), String::new()));
+        } else if line == "failures:" || line.starts_with("test result:") {
+            if let Some(last) = out.last_mut() {
+                last.1.push('\u{0}');
+            }
+        } else if let Some(last) = out.last_mut()
+            && !last.1.ends_with('\u{0}')
+        {
+            last.1.push_str(line);
+            last.1.push('\n');
+        }
+    }
+    out
+}
