@@ -7,17 +7,31 @@
 //! [`ModelRunner`] is the seam between scheduling and math; [`PrefillManager`] and
 //! [`DecodeManager`] are the first, simplest scheduling policy on top of it.
 
+pub mod attention;
+mod config;
+mod cpu_runner;
 mod decode_manager;
 mod error;
 mod hash_runner;
+mod kv_store;
+mod model;
+pub mod ops;
 mod prefill_manager;
 mod runner;
 pub mod sampler;
 mod seq_state;
+mod tokenizer;
+mod weights;
 
+pub use config::{Architecture, ModelConfig};
+pub use cpu_runner::CpuRunner;
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
 pub use hash_runner::HashRunner;
+pub use kv_store::KvStore;
+pub use model::{Layer, Model};
 pub use prefill_manager::{PrefillManager, SchedulerConfig};
 pub use runner::{ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment};
 pub use seq_state::SeqState;
+pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+pub use weights::{Dtype, TensorView, Weights, tensor_shapes};

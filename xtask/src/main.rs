@@ -276,7 +276,10 @@ fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
             "chapter {phase} starter: test {name} fails for another reason than a chapter {phase} todo:\n{body}"
         ));
     }
-    let own = regions.iter().filter(|r| r.section.starts_with(&format!("chapter {phase}."))).count();
+    let own = regions
+        .iter()
+        .filter(|r| r.section.starts_with(&format!("chapter {phase}.")))
+        .count();
     println!(
         "chapter {phase}: starter builds; {} tests fail, each on one of its {own} todo!s",
         failures.len(),

@@ -1,0 +1,355 @@
+//! Model tensors from safetensors files, memory-mapped, or generated at random.
+//!
+//! A checkpoint is one `model.safetensors` or several shards listed by
+//! `model.safetensors.index.json`. Files are memory-mapped, so opening a model costs nothing
+//! until a tensor is read; a tensor is a dtype, a shape and raw little-endian bytes. The CPU
+//! runner converts what it reads to f32; a GPU runner uploads the bf16 bytes as they are.
+//! Random weights (for benchmarks of real architectures whose weights are not at hand, and for
+//! tests) are generated in bf16 from a seed, so both runners see the same numbers.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+
+use crate::config::ModelConfig;
+use crate::error::Error;
+
+/// Number types a checkpoint may store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    BF16,
+    F16,
+    F32,
+}
+
+impl Dtype {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+}
+
+/// A tensor's raw content.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub data: &'a [u8],
+}
+
+impl TensorView<'_> {
+    /// The values as f32 (exact for bf16 and f16).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.dtype {
+            Dtype::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => self
+                .data
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => self
+                .data
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        }
+    }
+}
+
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range inside the file (header included in the offset).
+    start: usize,
+    end: usize,
+}
+
+enum Storage {
+    Mapped(Vec<(PathBuf, Mmap)>),
+    Owned(Vec<Vec<u8>>),
+}
+
+/// The tensors of a model by name.
+pub struct Weights {
+    storage: Storage,
+    entries: HashMap<String, Entry>,
+    /// Where the tensors come from, for error messages.
+    origin: PathBuf,
+}
+
+fn dtype_of(d: safetensors::Dtype) -> Option<Dtype> {
+    match d {
+        safetensors::Dtype::BF16 => Some(Dtype::BF16),
+        safetensors::Dtype::F16 => Some(Dtype::F16),
+        safetensors::Dtype::F32 => Some(Dtype::F32),
+        _ => None,
+    }
+}
+
+impl Weights {
+    /// Opens the safetensors file(s) of a model folder.
+    pub fn open(dir: &Path) -> Result<Self, Error> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| Error::model_load(&index, e.to_string()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::model_load(&index, format!("bad JSON: {e}")))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::model_load(&index, "no \"weight_map\" object"))?;
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            return Err(Error::model_load(
+                &single,
+                "missing (neither model.safetensors nor model.safetensors.index.json found)",
+            ));
+        };
+
+        let mut maps = Vec::new();
+        let mut entries = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let file = File::open(path).map_err(|e| Error::model_load(path, e.to_string()))?;
+            // SAFETY: the file is opened read-only and the map is only read; a checkpoint
+            // modified while the engine runs is outside what any loader can defend against.
+            let map =
+                unsafe { Mmap::map(&file) }.map_err(|e| Error::model_load(path, e.to_string()))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&map)
+                .map_err(|e| Error::model_load(path, format!("not a safetensors file: {e}")))?;
+            for (name, info) in meta.tensors() {
+                let dtype = dtype_of(info.dtype).ok_or_else(|| {
+                    Error::model_load(
+                        path,
+                        format!(
+                            "tensor {name} has dtype {:?}; supported: BF16, F16, F32",
+                            info.dtype
+                        ),
+                    )
+                })?;
+                let base = 8 + header_len;
+                entries.insert(
+                    name.clone(),
+                    Entry {
+                        file: i,
+                        dtype,
+                        shape: info.shape.clone(),
+                        start: base + info.data_offsets.0,
+                        end: base + info.data_offsets.1,
+                    },
+                );
+            }
+            maps.push((path.clone(), map));
+        }
+        Ok(Self {
+            storage: Storage::Mapped(maps),
+            entries,
+            origin: dir.to_path_buf(),
+        })
+    }
+
+    /// Weights of the right names and shapes for `config`, drawn from a seeded generator in
+    /// bf16: matrices with standard deviation `1/sqrt(fan_in)`, norm weights near 1.
+    pub fn random(config: &ModelConfig, seed: u64) -> Self {
+        let mut rng = SplitMix(seed);
+        let mut tensors = Vec::new();
+        let mut entries = HashMap::new();
+        for (name, shape) in tensor_shapes(config) {
+            let n: usize = shape.iter().product();
+            let is_norm = name.ends_with("norm.weight");
+            let is_bias = name.ends_with(".bias");
+            let std = if shape.len() == 2 {
+                1.0 / (shape[1] as f32).sqrt()
+            } else {
+                0.02
+            };
+            let mut bytes = Vec::with_capacity(n * 2);
+            for _ in 0..n {
+                let v = if is_norm {
+                    1.0 + 0.1 * rng.normal()
+                } else if is_bias {
+                    0.1 * rng.normal()
+                } else {
+                    std * rng.normal()
+                };
+                bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
+            }
+            entries.insert(
+                name,
+                Entry {
+                    file: tensors.len(),
+                    dtype: Dtype::BF16,
+                    shape,
+                    start: 0,
+                    end: bytes.len(),
+                },
+            );
+            tensors.push(bytes);
+        }
+        Self {
+            storage: Storage::Owned(tensors),
+            entries,
+            origin: PathBuf::from(format!("<random weights, seed {seed}>")),
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    fn file_of(&self, e: &Entry) -> PathBuf {
+        match &self.storage {
+            Storage::Mapped(maps) => maps[e.file].0.clone(),
+            Storage::Owned(_) => self.origin.clone(),
+        }
+    }
+
+    /// A tensor by name; a missing one is an error naming the model.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, Error> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| Error::model_load(&self.origin, format!("missing tensor {name}")))?;
+        let data = match &self.storage {
+            Storage::Mapped(maps) => &maps[e.file].1[e.start..e.end],
+            Storage::Owned(t) => &t[e.file][e.start..e.end],
+        };
+        Ok(TensorView {
+            dtype: e.dtype,
+            shape: &e.shape,
+            data,
+        })
+    }
+
+    /// A tensor that must have `shape`, as f32.
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, Error> {
+        let t = self.tensor(name)?;
+        if t.shape != shape {
+            let e = &self.entries[name];
+            return Err(Error::model_load(
+                self.file_of(e),
+                format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape),
+            ));
+        }
+        Ok(t.to_f32())
+    }
+
+    /// Writes these weights as one bf16 safetensors file (random checkpoints for tests).
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        let mut views = Vec::new();
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort();
+        for name in names {
+            let t = self.tensor(name)?;
+            let dtype = match t.dtype {
+                Dtype::BF16 => safetensors::Dtype::BF16,
+                Dtype::F16 => safetensors::Dtype::F16,
+                Dtype::F32 => safetensors::Dtype::F32,
+            };
+            let view = safetensors::tensor::TensorView::new(dtype, t.shape.to_vec(), t.data)
+                .map_err(|e| Error::model_load(path, e.to_string()))?;
+            views.push((name.clone(), view));
+        }
+        safetensors::serialize_to_file(views, None, path)
+            .map_err(|e| Error::model_load(path, e.to_string()))
+    }
+}
+
+/// Every tensor a model of this config has, with its shape, in Hugging Face naming.
+pub fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![c.vocab_size, h],
+    )];
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![c.num_heads * d, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![c.num_kv_heads * d, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![c.num_kv_heads * d, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, c.num_heads * d],
+        ));
+        if c.qkv_bias {
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![c.num_heads * d]));
+            out.push((
+                format!("{p}.self_attn.k_proj.bias"),
+                vec![c.num_kv_heads * d],
+            ));
+            out.push((
+                format!("{p}.self_attn.v_proj.bias"),
+                vec![c.num_kv_heads * d],
+            ));
+        }
+        if c.qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
+        }
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![c.vocab_size, h]));
+    }
+    out
+}
+
+/// A small seeded generator (SplitMix64) with a Box-Muller normal: enough for test weights.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+    }
+}
