@@ -12,6 +12,7 @@ use phase1::BlockTable;
 use rayon::prelude::*;
 
 use crate::kv_store::KvStore;
+use crate::ops::dot;
 
 /// Online-softmax states of `n` (query, head) pairs, each over `head_dim` values.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,13 +139,13 @@ pub fn attend_segment(
                     let head = kv_head * group + g;
                     for t in 0..n {
                         // Keys this query may see in this page (causal mask).
-                        let seen = (queries.visible[t] + 1).saturating_sub(first).min(filled);
+                        let seen = queries.visible[t].saturating_add(1).saturating_sub(first).min(filled);
                         if seen == 0 {
                             continue;
                         }
                         let q = &queries.q[(t * queries.num_heads + head) * d..][..d];
                         for (s, k) in scores[..seen].iter_mut().zip(keys.chunks_exact(d)) {
-                            *s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                            *s = dot(q, k) * scale;
                         }
                         part.update(g * n + t, &scores[..seen], &values[..seen * d]);
                     }

@@ -141,14 +141,14 @@ impl ModelConfig {
             .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
         if raw.num_attention_heads == 0
             || num_kv_heads == 0
-            || raw.num_attention_heads % num_kv_heads != 0
+            || !raw.num_attention_heads.is_multiple_of(num_kv_heads)
         {
             return bad(format!(
                 "num_attention_heads {} must be a positive multiple of num_key_value_heads {num_kv_heads}",
                 raw.num_attention_heads
             ));
         }
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim {head_dim} must be even (RoPE rotates pairs)"
             ));

@@ -21,7 +21,7 @@ pub fn matmul(
         return y;
     }
     let threads = rayon::current_num_threads();
-    let parallelism = if rows * in_features * out_features >= 1 << 18 && threads > 1 {
+    let parallelism = if rows >= 32 && rows * in_features * out_features >= 1 << 20 && threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
@@ -53,6 +53,20 @@ pub fn matmul(
         );
     }
     y
+}
+
+/// Dot product with eight independent partial sums, which the compiler turns into SIMD
+/// (a single running sum is a dependency chain it may not reorder).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// RMSNorm of each `weight.len()`-wide row of `x`, in place.

@@ -75,3 +75,35 @@ pub fn rel_error(a: &[f32], b: &[f32]) -> f32 {
     let den: f32 = b.iter().map(|y| y * y).sum();
     (num / den).sqrt()
 }
+
+/// A fresh, empty directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "nano-serving-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes a complete random checkpoint folder (config, weights, the tiny model's tokenizer).
+pub fn write_random_checkpoint(tag: &str, config_json: &str, seed: u64) -> PathBuf {
+    let dir = temp_dir(tag);
+    std::fs::write(dir.join("config.json"), config_json).unwrap();
+    let config = ModelConfig::from_json(config_json, &dir.join("config.json")).unwrap();
+    Weights::random(&config, seed).save(&dir.join("model.safetensors")).unwrap();
+    let tiny = models_dir().join("tiny-shakespeare");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tiny.join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+pub const SMALL_CONFIG_JSON: &str = r#"{"architectures":["Qwen3ForCausalLM"],"vocab_size":2048,
+    "hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":16,"rms_norm_eps":1e-6,"rope_theta":10000,
+    "max_position_embeddings":256,"tie_word_embeddings":true,"eos_token_id":0}"#;
