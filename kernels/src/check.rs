@@ -23,10 +23,12 @@ pub(crate) fn at_least(kernel: &'static str, what: &str, len: usize, needed: usi
 
 /// Vector loads of 16 bytes need 16-byte aligned rows (views must start on such a boundary).
 pub(crate) fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<()> {
-    if ptr % 16 != 0 {
+    if !ptr.is_multiple_of(16) {
         return Err(invalid(
             kernel,
-            format!("{what} must start on a 16-byte boundary (a view offset by a multiple of 8 bf16)"),
+            format!(
+                "{what} must start on a 16-byte boundary (a view offset by a multiple of 8 bf16)"
+            ),
         ));
     }
     Ok(())
@@ -41,12 +43,15 @@ pub(crate) fn head_dim(kernel: &'static str, d: usize) -> Result<()> {
     if matches!(d, 32 | 64 | 128) {
         Ok(())
     } else {
-        Err(invalid(kernel, format!("head_dim {d} is not one of 32, 64, 128")))
+        Err(invalid(
+            kernel,
+            format!("head_dim {d} is not one of 32, 64, 128"),
+        ))
     }
 }
 
 pub(crate) fn multiple_of_8(kernel: &'static str, what: &str, value: usize) -> Result<()> {
-    if value == 0 || value % 8 != 0 {
+    if value == 0 || !value.is_multiple_of(8) {
         return Err(invalid(
             kernel,
             format!("{what} = {value} must be a positive multiple of 8"),

@@ -70,10 +70,13 @@ impl Compiler {
     /// The cubin of `source` (named `file` in messages) for `arch`, from the cache if present.
     pub fn compile(&self, file: &str, source: &str, arch: Arch) -> Result<Vec<u8>> {
         let options = self.options(arch);
-        let cached = self
-            .cache_dir
-            .as_ref()
-            .map(|dir| dir.join(format!("{}-{}.cubin", stem(file), cache_key(source, &options))));
+        let cached = self.cache_dir.as_ref().map(|dir| {
+            dir.join(format!(
+                "{}-{}.cubin",
+                stem(file),
+                cache_key(source, &options)
+            ))
+        });
         if let Some(path) = &cached
             && let Ok(bytes) = std::fs::read(path)
         {
@@ -131,7 +134,10 @@ fn ensure_nvrtc() -> Result<()> {
 }
 
 fn stem(file: &str) -> &str {
-    file.rsplit('/').next().unwrap_or(file).trim_end_matches(".cu")
+    file.rsplit('/')
+        .next()
+        .unwrap_or(file)
+        .trim_end_matches(".cu")
 }
 
 /// Everything the cubin depends on: the source, the options (architecture and header folder
@@ -146,10 +152,7 @@ fn cache_key(source: &str, options: &[String]) -> String {
     if let Ok((major, minor)) = nvrtc_version() {
         hash.update(format!("\0nvrtc {major}.{minor}").as_bytes());
     }
-    hash.finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes through a temporary file and a rename, so a reader never sees half a cubin.
@@ -181,7 +184,11 @@ fn nvrtc_compile(file: &str, source: &str, arch: Arch, options: &[String]) -> Re
     let program = Program(nvrtc::create_program(&src, Some(&name))?);
     if unsafe { nvrtc::compile_program(program.0, options) }.is_err() {
         let log = unsafe { nvrtc::get_program_log(program.0) }?;
-        let log: Vec<u8> = log.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let log: Vec<u8> = log
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         return Err(Error::Compile {
             file: file.to_string(),
             arch: arch.to_string(),

@@ -54,7 +54,7 @@ pub fn num_splits(
 fn heads_per_block(group: usize) -> usize {
     [8, 4, 2, 1]
         .into_iter()
-        .find(|g| group % g == 0)
+        .find(|g| group.is_multiple_of(*g))
         .expect("1 divides everything")
 }
 

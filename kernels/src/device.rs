@@ -34,25 +34,12 @@ impl Gpu {
     /// Opens device `ordinal` with the compiler set up from the environment
     /// ([`Compiler::from_env`]). [`Error::NoDevice`] means there is no GPU to use here.
     pub fn open(ordinal: usize) -> Result<Self> {
-        let compiler = Compiler::from_env()?;
-        Self::with_compiler(ordinal, compiler)
+        find_device(ordinal)?;
+        Self::with_compiler(ordinal, Compiler::from_env()?)
     }
 
     pub fn with_compiler(ordinal: usize, compiler: Compiler) -> Result<Self> {
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::NoDevice(
-                "the CUDA driver library (libcuda) is not installed".into(),
-            ));
-        }
-        cudarc::driver::result::init()
-            .map_err(|e| Error::NoDevice(format!("the CUDA driver did not start: {e}")))?;
-        let count = CudaContext::device_count()
-            .map_err(|e| Error::NoDevice(format!("cannot count devices: {e}")))?;
-        if ordinal >= count.max(0) as usize {
-            return Err(Error::NoDevice(format!(
-                "device {ordinal} requested, {count} present"
-            )));
-        }
+        find_device(ordinal)?;
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(Error::MissingLibrary { lib: "cublas" });
         }
@@ -128,7 +115,9 @@ impl Gpu {
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros(len).during("allocating device memory")
+        self.stream
+            .alloc_zeros(len)
+            .during("allocating device memory")
     }
 
     /// Copies a device buffer back; this waits for the work queued before it.
@@ -187,6 +176,25 @@ impl Gpu {
         let (ptr, _guard) = buffer.device_ptr_mut(&self.stream);
         ptr
     }
+}
+
+/// Fails with [`Error::NoDevice`] unless the driver is installed and device `ordinal` exists.
+fn find_device(ordinal: usize) -> Result<()> {
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDevice(
+            "the CUDA driver library (libcuda) is not installed".into(),
+        ));
+    }
+    cudarc::driver::result::init()
+        .map_err(|e| Error::NoDevice(format!("the CUDA driver did not start: {e}")))?;
+    let count = CudaContext::device_count()
+        .map_err(|e| Error::NoDevice(format!("cannot count devices: {e}")))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::NoDevice(format!(
+            "device {ordinal} requested, {count} present"
+        )));
+    }
+    Ok(())
 }
 
 /// A launch shape with no dynamic shared memory (every kernel here sizes its shared memory

@@ -38,12 +38,7 @@ pub fn rms_norm(
     let f = gpu.function(Source::RmsNorm, "rms_norm")?;
     let hidden_arg = check::int(K, "hidden", hidden)?;
     let mut launch = gpu.stream().launch_builder(&f);
-    launch
-        .arg(&px)
-        .arg(&pw)
-        .arg(&po)
-        .arg(&hidden_arg)
-        .arg(&eps);
+    launch.arg(&px).arg(&pw).arg(&po).arg(&hidden_arg).arg(&eps);
     unsafe { launch.launch(grid((rows as u32, 1, 1), threads(hidden))) }.during(K)?;
     Ok(())
 }
@@ -74,12 +69,7 @@ pub fn add_rms_norm(
     let f = gpu.function(Source::RmsNorm, "add_rms_norm")?;
     let hidden_arg = check::int(K, "hidden", hidden)?;
     let mut launch = gpu.stream().launch_builder(&f);
-    launch
-        .arg(&px)
-        .arg(&pr)
-        .arg(&pw)
-        .arg(&hidden_arg)
-        .arg(&eps);
+    launch.arg(&px).arg(&pr).arg(&pw).arg(&hidden_arg).arg(&eps);
     unsafe { launch.launch(grid((rows as u32, 1, 1), threads(hidden))) }.during(K)?;
     Ok(())
 }

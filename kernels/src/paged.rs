@@ -46,7 +46,11 @@ impl CacheShape {
         }
         check::at_least(kernel, "K cache", k_len, self.elements())?;
         check::at_least(kernel, "V cache", v_len, self.elements())?;
-        check::int(kernel, "cache rows", self.num_pages * self.num_kv_heads * self.page_size)?;
+        check::int(
+            kernel,
+            "cache rows",
+            self.num_pages * self.num_kv_heads * self.page_size,
+        )?;
         Ok(())
     }
 
@@ -56,10 +60,7 @@ impl CacheShape {
         if !self.page_size.is_power_of_two() || self.page_size < 16 {
             return Err(check::invalid(
                 kernel,
-                format!(
-                    "page_size {} must be a power of two >= 16",
-                    self.page_size
-                ),
+                format!("page_size {} must be a power of two >= 16", self.page_size),
             ));
         }
         Ok(self.page_size.trailing_zeros() as i32)
@@ -137,7 +138,10 @@ impl HostPageTable {
     }
 
     pub fn max_kv_len(&self) -> usize {
-        (0..self.num_seqs()).map(|s| self.kv_len(s)).max().unwrap_or(0)
+        (0..self.num_seqs())
+            .map(|s| self.kv_len(s))
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn upload(&self, gpu: &Gpu) -> Result<DevicePageTable> {
@@ -197,7 +201,7 @@ impl AttentionInputs<'_> {
             .check(kernel, self.k_cache.len(), self.v_cache.len())?;
         let shift = self.cache.page_shift(kernel)?;
         self.table.check(kernel)?;
-        if self.num_q_heads == 0 || self.num_q_heads % self.cache.num_kv_heads != 0 {
+        if self.num_q_heads == 0 || !self.num_q_heads.is_multiple_of(self.cache.num_kv_heads) {
             return Err(check::invalid(
                 kernel,
                 format!(
