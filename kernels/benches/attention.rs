@@ -1,6 +1,7 @@
 //! Attention throughput at a Qwen3-0.6B-like shape (16 q heads, 8 KV heads, head_dim 128):
-//! decode in GB/s of K/V read, prefill in TFLOP/s. Times come from CUDA events around many
-//! launches; a summary table is printed at the end. Without a GPU it says so and exits.
+//! decode in GB/s of K/V read, prefill in TFLOP/s, and the time of device sampling. Times come
+//! from CUDA events around many launches; a summary table is printed at the end. Without a GPU
+//! it says so and exits.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use criterion::{Criterion, Throughput};
 use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::sampling::{SampleParams, sample};
 use kernels::{CudaSlice, Gpu, bf16};
 
 const HQ: usize = 16;
@@ -165,6 +167,34 @@ fn main() {
             "{name:<40} {:>9.1} us {:>8.1} TFLOP/s",
             secs * 1e6,
             flops / secs / 1e12
+        ));
+    }
+    // Sampling is not attention, but it ends every step: 64 rows of a Qwen3-sized vocabulary.
+    let (rows, vocab) = (64, 151_936);
+    let logits: Vec<f32> = fill(rows * vocab, 4)
+        .iter()
+        .map(|x| x.to_f32() * 8.0)
+        .collect();
+    let logits = gpu.upload(&logits).unwrap();
+    let mut out = gpu.zeros::<u32>(rows).unwrap();
+    for (what, params) in [
+        ("greedy", SampleParams::greedy()),
+        ("T 0.7", SampleParams::new(0.7, -1, 1.0, 1, 0)),
+        ("T 0.7 top-k 50", SampleParams::new(0.7, 50, 1.0, 1, 0)),
+        ("T 0.7 top-p 0.9", SampleParams::new(0.7, -1, 0.9, 1, 0)),
+        (
+            "T 0.7 top-k 50 top-p 0.9",
+            SampleParams::new(0.7, 50, 0.9, 1, 0),
+        ),
+    ] {
+        let params = gpu.upload(&vec![params; rows]).unwrap();
+        let secs = time(&gpu, &mut || {
+            sample(&gpu, &logits, &params, &mut out, rows, vocab).unwrap()
+        });
+        summary.push(format!(
+            "{:<40} {:>9.1} us",
+            format!("sample {rows}x{vocab} {what}"),
+            secs * 1e6
         ));
     }
     c.final_summary();

@@ -216,3 +216,40 @@ impl AttentionInputs<'_> {
         Ok(shift)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_page_table_counts_partial_pages() {
+        let mut t = HostPageTable::new();
+        t.push_seq([(4, 16), (9, 2), (1, 16), (7, 5)]);
+        t.push_seq([]);
+        t.push_seq([(3, 1)]);
+        assert_eq!(t.indptr, vec![0, 4, 4, 5]);
+        assert_eq!(t.num_seqs(), 3);
+        assert_eq!((t.kv_len(0), t.kv_len(1), t.kv_len(2)), (39, 0, 1));
+        assert_eq!(t.max_kv_len(), 39);
+    }
+
+    #[test]
+    fn cache_rows_are_head_major_within_a_page() {
+        let shape = CacheShape {
+            num_pages: 10,
+            num_kv_heads: 2,
+            page_size: 16,
+            head_dim: 64,
+        };
+        assert_eq!(shape.row_offset(0, 0, 1), 64);
+        assert_eq!(shape.row_offset(0, 1, 0), 16 * 64);
+        assert_eq!(shape.row_offset(1, 0, 0), 2 * 16 * 64);
+        assert_eq!(shape.elements(), 10 * 2 * 16 * 64);
+        assert!(shape.page_shift("t").is_ok());
+        let odd = CacheShape {
+            page_size: 24,
+            ..shape
+        };
+        assert!(odd.page_shift("t").is_err());
+    }
+}

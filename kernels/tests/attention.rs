@@ -343,7 +343,11 @@ fn decode_long_context_with_automatic_splits() {
     let mut rng = Rng::new(22);
     let (d, hq, hkv, ps) = (128, 16, 8, 16);
     let segs: Vec<(&[usize], usize)> = vec![(&[3000], 1), (&[1234, 777], 1)];
-    let p = problem(&mut rng, shape(d, hkv, ps, 4100 / ps + 4), hq, &segs);
+    let pages = [3000usize, 1234, 777]
+        .iter()
+        .map(|n| n.div_ceil(ps))
+        .sum::<usize>();
+    let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
     let splits = num_splits(&gpu, 2, hq, hkv, 3000);
     assert!(splits > 1, "a batch of 2 should be split, got {splits}");
     let dev = upload(&gpu, &p);

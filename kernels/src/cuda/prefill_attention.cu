@@ -291,8 +291,10 @@ __device__ __forceinline__ void prefill_attention(
     }
 }
 
+// Three blocks per multiprocessor (12 warps) cap the registers at 168 for head_dim 128: enough
+// for Q fragments, the score tile and the output tile, with a few bytes spilled outside the loop.
 #define PREFILL(D)                                                                              \
-    extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32) prefill_attention_d##D(   \
+    extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 3) prefill_attention_d##D(   \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* q_indptr,           \
         const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out,       \
         float* lse, int num_q_heads, int num_kv_heads, int page_size, int page_shift,           \
