@@ -78,30 +78,29 @@ __device__ __forceinline__ u64 block_sum_u64(u64 v, SampleShared& s) {
     return total;
 }
 
-// Exclusive prefix sum over the block in thread order; `total` gets the sum of all.
-__device__ __forceinline__ u64 block_exclusive_scan(u64 v, SampleShared& s, u64& total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u64 incl = v;
+// Adds every lane's `c` to hist[bin] (bin 256: nothing to add) with one shared-memory atomic
+// per distinct bin in the warp. Logits cluster in a few exponent bins, so plain per-lane atomics
+// would queue on the same few addresses; instead the lanes of a bin are found with
+// __match_any_sync and their contributions summed first (a popcount for counts, shuffles for
+// weights). Every lane of the warp must call this.
+template <bool WEIGHTED>
+__device__ __forceinline__ void add_to_histogram(u64* hist, u32 bin, u64 c, int lane) {
+    const u32 peers = __match_any_sync(FULL_MASK, bin);
+    u32 leaders = __ballot_sync(FULL_MASK, lane == __ffs(peers) - 1 && bin < 256);
+    while (leaders) {  // the same on every lane: the loop stays converged
+        const int l = __ffs(leaders) - 1;
+        leaders &= leaders - 1;
+        const u32 group = __shfl_sync(FULL_MASK, peers, l);
+        u64 v;
+        if (WEIGHTED) {
+            v = (group >> lane) & 1u ? c : 0ull;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += t;
-    }
-    __syncthreads();
-    if (lane == 31) s.scan[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        u64 w = s.scan[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 t = __shfl_up_sync(FULL_MASK, w, o);
-            if (lane >= o) w += t;
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+        } else {
+            v = __popc(group);
         }
-        s.scan[lane] = w;
+        if (lane == l) atomicAdd(&hist[bin], v);
     }
-    __syncthreads();
-    total = s.scan[SAMPLE_WARPS - 1];
-    return (warp > 0 ? s.scan[warp - 1] : 0) + incl - v;
 }
 
 // The largest key v such that the participating elements with key >= v add up to >= need
@@ -116,11 +115,21 @@ __device__ u32 radix_select(const T* row, int vocab, u64 need, bool strict, u32 
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += SAMPLE_THREADS) s.hist[i] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
-            const float x = load_logit(row, i);
-            const u32 k = order_key(x);
-            if ((strict && k <= lo_key) || (k & mask) != prefix) continue;
-            atomicAdd(&s.hist[(k >> shift) & 255], WEIGHTED ? fixed_weight(x, max, temperature) : 1ull);
+        // The loop bound is the same for the whole block, so warps stay converged for the
+        // warp-wide intrinsics in add_to_histogram.
+        for (int base = 0; base < vocab; base += SAMPLE_THREADS) {
+            const int i = base + threadIdx.x;
+            u32 bin = 256;
+            u64 c = 0;
+            if (i < vocab) {
+                const float x = load_logit(row, i);
+                const u32 k = order_key(x);
+                if (!(strict && k <= lo_key) && (k & mask) == prefix) {
+                    bin = (k >> shift) & 255;
+                    c = WEIGHTED ? fixed_weight(x, max, temperature) : 1ull;
+                }
+            }
+            add_to_histogram<WEIGHTED>(s.hist, bin, c, lane);
         }
         __syncthreads();
         if (warp == 0) {
@@ -257,33 +266,53 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         threshold = key_value(key);
     }
 
-    // The draw: each thread owns a contiguous range of the vocabulary, so a prefix sum over
-    // threads orders the candidates' weights in vocabulary order.
-    const int per = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int begin = min(vocab, tid * per), end = min(vocab, begin + per);
+    // The draw. Each warp owns a contiguous range of the vocabulary and reads it 32 logits at
+    // a time; warp totals in warp order are then prefix sums in vocabulary order.
+    const int per_warp = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
+    const int begin = min(vocab, warp * per_warp), end = min(vocab, begin + per_warp);
     u64 local = 0;
-    for (int i = begin; i < end; ++i) {
+    for (int i = begin + lane; i < end; i += 32) {
         const float x = load_logit(row, i);
         if (x >= threshold) local += fixed_weight(x, mx, temp);
     }
-    u64 kept = 0;
-    const u64 before = block_exclusive_scan(local, s, kept);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(FULL_MASK, local, o);
+    __syncthreads();  // s.scan may still be read by the last block_sum_u64
+    if (lane == 0) s.scan[warp] = local;
+    __syncthreads();
+    u64 before = 0, kept = 0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+        if (w < warp) before += s.scan[w];
+        kept += s.scan[w];
+    }
     const u64 bits = splitmix64(p.seed ^ splitmix64(p.step)) >> 40;  // 24 random bits
     // target = floor(kept * u), u = bits / 2^24, computed exactly in 128 bits.
     const u64 lo = kept * bits, hi = __umul64hi(kept, bits);
     const u64 target = (hi << 40) | (lo >> 24);
-    if (local > 0 && before <= target && target < before + local) {
-        u64 run = before;
-        for (int i = begin; i < end; ++i) {
+    // Exactly one warp's range holds the first candidate whose running weight exceeds target.
+    if (local == 0 || target < before || target >= before + local) return;
+    u64 run = before;
+    for (int base = begin; base < end; base += 32) {
+        const int i = base + lane;
+        u64 w = 0;
+        if (i < end) {
             const float x = load_logit(row, i);
-            if (x >= threshold) {
-                run += fixed_weight(x, mx, temp);
-                if (target < run) {
-                    out[blockIdx.x] = (u32)i;
-                    return;
-                }
-            }
+            if (x >= threshold) w = fixed_weight(x, mx, temp);
         }
+        u64 incl = w;  // inclusive prefix over the 32 lanes
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl += t;
+        }
+        const u64 step_total = __shfl_sync(FULL_MASK, incl, 31);
+        if (target < run + step_total) {
+            // Running weight only grows at candidates, so the first lane past target is one.
+            const u32 past = __ballot_sync(FULL_MASK, run + incl > target);
+            if (lane == 0) out[blockIdx.x] = (u32)(base + __ffs(past) - 1);
+            return;
+        }
+        run += step_total;
     }
 }
 
