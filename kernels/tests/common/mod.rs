@@ -22,7 +22,8 @@ pub fn gpu() -> Option<Gpu> {
 pub fn skipped(reason: &dyn std::fmt::Display) {
     use std::io::Write;
     let name = std::thread::current().name().unwrap_or("test").to_string();
-    let _ = writeln!(std::io::stderr(), "{name}: skipped: {reason}");
+    let line = format!("{name}: skipped: {reason}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// SplitMix64: small, seeded, good enough for test data.
