@@ -1,0 +1,205 @@
+//! Attention throughput at a Qwen3-0.6B-like shape (16 q heads, 8 KV heads, head_dim 128):
+//! decode in GB/s of K/V read, prefill in TFLOP/s, and the time of device sampling. Times come
+//! from CUDA events around many launches; a summary table is printed at the end. Without a GPU
+//! it says so and exits.
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput};
+use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
+use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
+use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::sampling::{SampleParams, sample};
+use kernels::{CudaSlice, Gpu, bf16};
+
+const HQ: usize = 16;
+const HKV: usize = 8;
+const D: usize = 128;
+
+/// Random-looking bf16 of magnitude 2^-7..2 without the cost of a normal generator.
+fn fill(n: usize, seed: u64) -> Vec<bf16> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bf16::from_bits(0x3c00 | (x as u16 & 0x83ff))
+        })
+        .collect()
+}
+
+struct Setup {
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    q: CudaSlice<bf16>,
+    table: DevicePageTable,
+    shape: CacheShape,
+}
+
+/// `seqs` sequences of `len` tokens each on pages of `page_size`, with `q_rows` query rows.
+fn setup(gpu: &Gpu, seqs: usize, len: usize, page_size: usize, q_rows: usize) -> Setup {
+    let pages_per_seq = len.div_ceil(page_size);
+    let shape = CacheShape {
+        num_pages: seqs * pages_per_seq,
+        num_kv_heads: HKV,
+        page_size,
+        head_dim: D,
+    };
+    let mut table = HostPageTable::new();
+    for s in 0..seqs {
+        table.push_seq((0..pages_per_seq).map(|p| {
+            let n = page_size.min(len - p * page_size);
+            ((s * pages_per_seq + p) as u32, n)
+        }));
+    }
+    Setup {
+        k: gpu.upload(&fill(shape.elements(), 1)).unwrap(),
+        v: gpu.upload(&fill(shape.elements(), 2)).unwrap(),
+        q: gpu.upload(&fill(q_rows * HQ * D, 3)).unwrap(),
+        table: table.upload(gpu).unwrap(),
+        shape,
+    }
+}
+
+impl Setup {
+    fn inputs(&self) -> AttentionInputs<'_> {
+        AttentionInputs {
+            q: self.q.as_view(),
+            k_cache: self.k.as_view(),
+            v_cache: self.v.as_view(),
+            cache: self.shape,
+            table: self.table.view(),
+            num_q_heads: HQ,
+            sm_scale: 1.0 / (D as f32).sqrt(),
+        }
+    }
+}
+
+/// Device time of `iters` calls of `f`, between two CUDA events.
+fn device_time(gpu: &Gpu, iters: u64, f: &mut impl FnMut()) -> Duration {
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = gpu.stream().record_event(timing).unwrap();
+    for _ in 0..iters {
+        f();
+    }
+    let end = gpu.stream().record_event(timing).unwrap();
+    end.synchronize().unwrap();
+    Duration::from_secs_f64(start.elapsed_ms(&end).unwrap() as f64 / 1e3)
+}
+
+/// Median seconds per call of `f` over 15 batches of 10 calls, after a warm-up call.
+fn time(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
+    f();
+    gpu.synchronize().unwrap();
+    let mut samples: Vec<f64> = (0..15)
+        .map(|_| device_time(gpu, 10, f).as_secs_f64() / 10.0)
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let gpu = match Gpu::open(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("attention bench skipped: {e}");
+            return;
+        }
+    };
+    gpu.preload().unwrap();
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(10);
+    let mut summary = Vec::new();
+
+    // Decode: batch x context chosen so K/V (268 MB) is far larger than L2.
+    for (batch, len, page) in [(64, 1024, 16), (64, 1024, 256), (2, 32768, 16)] {
+        let s = setup(&gpu, batch, len, page, batch);
+        let splits = num_splits(&gpu, batch, HQ, HKV, len);
+        let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, splits, D).unwrap();
+        let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
+        let bytes = (2 * batch * len * HKV * D * 2) as u64;
+        let name = format!("decode b{batch} ctx{len} page{page} splits{splits}");
+        let mut run =
+            || decode_attention(&gpu, &s.inputs(), splits, Some(&mut ws), &mut out, None).unwrap();
+        let mut group = c.benchmark_group("decode");
+        group.throughput(Throughput::Bytes(bytes));
+        group.bench_function(&name, |b| {
+            b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
+        });
+        group.finish();
+        gpu.synchronize().unwrap();
+        let secs = time(&gpu, &mut run);
+        summary.push(format!(
+            "{name:<40} {:>9.1} us {:>8.0} GB/s",
+            secs * 1e6,
+            bytes as f64 / secs / 1e9
+        ));
+    }
+
+    // Prefill: causal, whole prompts, FLOPs of the unmasked half (QK^T and PV, 2 flops a MAC).
+    for (seqs, len, page) in [(1, 4096, 16), (4, 2048, 256), (16, 512, 16)] {
+        let s = setup(&gpu, seqs, len, page, seqs * len);
+        let indptr: Vec<i32> = (0..=seqs).map(|i| (i * len) as i32).collect();
+        let indptr = gpu.upload(&indptr).unwrap();
+        let mut out = gpu.zeros::<bf16>(seqs * len * HQ * D).unwrap();
+        let flops = 4.0 * (seqs * HQ * D) as f64 * (len * (len + 1) / 2) as f64;
+        let name = format!("prefill {seqs}x{len} page{page}");
+        let mut run = || {
+            let queries = PrefillQueries {
+                indptr: indptr.as_view(),
+                max_len: len,
+            };
+            prefill_attention(&gpu, &s.inputs(), &queries, true, &mut out, None).unwrap()
+        };
+        let mut group = c.benchmark_group("prefill");
+        group.throughput(Throughput::Elements(flops as u64));
+        group.bench_function(&name, |b| {
+            b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
+        });
+        group.finish();
+        gpu.synchronize().unwrap();
+        let secs = time(&gpu, &mut run);
+        summary.push(format!(
+            "{name:<40} {:>9.1} us {:>8.1} TFLOP/s",
+            secs * 1e6,
+            flops / secs / 1e12
+        ));
+    }
+    // Sampling is not attention, but it ends every step: 64 rows of a Qwen3-sized vocabulary.
+    let (rows, vocab) = (64, 151_936);
+    let logits: Vec<f32> = fill(rows * vocab, 4)
+        .iter()
+        .map(|x| x.to_f32() * 8.0)
+        .collect();
+    let logits = gpu.upload(&logits).unwrap();
+    let mut out = gpu.zeros::<u32>(rows).unwrap();
+    for (what, params) in [
+        ("greedy", SampleParams::greedy()),
+        ("T 0.7", SampleParams::new(0.7, -1, 1.0, 1, 0)),
+        ("T 0.7 top-k 50", SampleParams::new(0.7, 50, 1.0, 1, 0)),
+        ("T 0.7 top-p 0.9", SampleParams::new(0.7, -1, 0.9, 1, 0)),
+        (
+            "T 0.7 top-k 50 top-p 0.9",
+            SampleParams::new(0.7, 50, 0.9, 1, 0),
+        ),
+    ] {
+        let params = gpu.upload(&vec![params; rows]).unwrap();
+        let secs = time(&gpu, &mut || {
+            sample(&gpu, &logits, &params, &mut out, rows, vocab).unwrap()
+        });
+        summary.push(format!(
+            "{:<40} {:>9.1} us",
+            format!("sample {rows}x{vocab} {what}"),
+            secs * 1e6
+        ));
+    }
+    c.final_summary();
+    println!("\nattention on {} ({}):", gpu.name().unwrap(), gpu.arch());
+    for line in summary {
+        println!("  {line}");
+    }
+}

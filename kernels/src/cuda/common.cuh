@@ -1,0 +1,63 @@
+// Helpers shared by every kernel file. The Rust side prepends this text to each .cu source
+// before handing it to NVRTC, so a kernel file can use these names without an #include.
+//
+// Conventions used everywhere:
+// - tensors are bf16 in memory, arithmetic is f32 (bf16 has only 8 bits of mantissa, so sums
+//   and products are carried in f32 and rounded once, when stored);
+// - a "chunk" is 8 bf16 = 16 bytes, the widest load one thread can issue in one instruction;
+//   rows are moved chunk by chunk so that a warp reads 512 contiguous bytes at a time.
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Unpacks one 16-byte chunk (8 bf16) into 8 floats.
+__device__ __forceinline__ void chunk_to_float(const uint4 c, float out[8]) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 f = __bfloat1622float2(h[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
+// Packs 8 floats into one 16-byte chunk of bf16, rounding to nearest even.
+__device__ __forceinline__ uint4 float_to_chunk(const float v[8]) {
+    uint4 c;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    return c;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the whole block. `scratch` holds one float per warp; every thread gets the result.
+// Contains __syncthreads, so every thread of the block must call it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < warps; ++w) total += scratch[w];
+    return total;
+}

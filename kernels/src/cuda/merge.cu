@@ -1,0 +1,64 @@
+// Merging partial attention results by their log-sum-exp.
+//
+// Softmax attention over a set of keys can be split: if o_a, lse_a is attention over part A of
+// the keys and o_b, lse_b over part B, then attention over A u B is
+//     lse = log(exp(lse_a) + exp(lse_b))
+//     o   = o_a * exp(lse_a - lse) + o_b * exp(lse_b - lse)
+// This is FlashInfer's merge_state, the step that makes cascade attention (shared prefix read
+// once for a group of queries, the rest per query) and split-K decode exact. An empty part has
+// lse = -inf and weight 0. lse is in natural-log units throughout.
+
+// Cascade: two bf16 partial outputs [rows, D] with f32 lse [rows] -> bf16 output (+ lse).
+// One thread per 16-byte chunk of the output.
+extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float* __restrict__ lse_a,
+                                       const bf16* __restrict__ o_b, const float* __restrict__ lse_b,
+                                       bf16* __restrict__ o_out, float* __restrict__ lse_out,
+                                       int rows, int head_dim) {
+    const int chunks = head_dim / 8;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * chunks) return;
+    const size_t row = i / chunks;
+    const float la = lse_a[row], lb = lse_b[row];
+    const float m = fmaxf(la, lb);
+    float y[8];
+    float total = 0.f;
+    if (m == neg_inf()) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] = 0.f;
+    } else {
+        const float wa = expf(la - m), wb = expf(lb - m);
+        total = wa + wb;
+        float a[8], b[8];
+        chunk_to_float(reinterpret_cast<const uint4*>(o_a)[i], a);
+        chunk_to_float(reinterpret_cast<const uint4*>(o_b)[i], b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] = (a[k] * wa + b[k] * wb) / total;
+    }
+    reinterpret_cast<uint4*>(o_out)[i] = float_to_chunk(y);
+    if (lse_out != nullptr && i % chunks == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
+}
+
+// Split-K decode: part_o [rows][splits][D] f32 and part_lse [rows][splits] -> bf16 [rows, D].
+// One block per row, one thread per dimension; every thread reads the (few) split weights.
+extern "C" __global__ void merge_splits(const float* __restrict__ part_o,
+                                        const float* __restrict__ part_lse,
+                                        bf16* __restrict__ out, float* __restrict__ lse_out,
+                                        int head_dim, int num_splits) {
+    const size_t row = blockIdx.x;
+    const float* lse = part_lse + row * num_splits;
+    float m = neg_inf();
+    for (int s = 0; s < num_splits; ++s) m = fmaxf(m, lse[s]);
+    float total = 0.f;
+    if (m != neg_inf())
+        for (int s = 0; s < num_splits; ++s) total += expf(lse[s] - m);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float y = 0.f;
+        if (m != neg_inf()) {
+            for (int s = 0; s < num_splits; ++s)
+                y += part_o[(row * num_splits + s) * head_dim + d] * expf(lse[s] - m);
+            y /= total;
+        }
+        out[row * head_dim + d] = __float2bfloat16(y);
+    }
+    if (lse_out != nullptr && threadIdx.x == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
+}

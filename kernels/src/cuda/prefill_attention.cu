@@ -1,0 +1,309 @@
+// Paged attention for prefill: FlashAttention-2's tiled online softmax (Dao, 2023) reading K/V
+// through a page table (vLLM's PagedAttention, Kwon et al., 2023), on tensor cores.
+//
+// Who does what
+//   grid  = (query tiles, sequences, KV heads); block = 4 warps.
+//   A block owns up to 64 "rows" of one sequence and one KV head. GQA is folded into the rows:
+//   row r is (query token r / G, q head kv_head * G + r % G), so the q heads that share a KV
+//   head share every K/V tile the block loads (FlashInfer does the same).
+//   Each warp owns 16 rows. Scores S = Q K^T for a 64-wide KV tile live in registers, the
+//   online softmax rescales the running output O (also in registers), and P = exp(S - m) is fed
+//   straight back into the P V product without touching shared memory.
+//
+// How the KV of a sequence is described (FlashInfer's page table with a length per entry)
+//   entries kv_indptr[s] .. kv_indptr[s+1] of kv_page_ids / kv_page_lens; entry e holds
+//   kv_page_lens[e] tokens at the start of page kv_page_ids[e]. Token k of the sequence
+//   ("logical index" k) is the k-th valid token walking the entries in order. Segments that end
+//   in a partly filled page are just entries with a short length.
+//   The block walks "slot space": every entry contributes page_size slots, empty slots are
+//   skipped by the mask. A 64-slot tile therefore covers several small pages or part of a big
+//   one, and page_size must be a power of two >= 16.
+//
+// Causal mask: the queries of sequence s are its last q_len tokens, so query t has logical
+// index kv_len - q_len + t and sees logical indices <= its own. Without the mask (cascade
+// attention over a shared prefix) every query sees every token.
+//
+// Pipeline per KV tile j (one K buffer, one V buffer, copies overlap math):
+//   wait K(j) | start copy V(j) | S = Q K(j)^T, softmax | wait V(j) | start copy K(j+1) | O += P V(j)
+
+#define BM 64
+#define BN 64
+#define PREFILL_WARPS 4
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+template <int D>
+struct PrefillShared {
+    bf16 k[BN][D + 8];  // +8: rows 16 bytes apart in bank terms, so ldmatrix is conflict-free
+    bf16 v[BN][D + 8];
+    int logical[2][BN];  // logical index of each slot of the tile, -1 if the slot is empty
+    int row[2][BN];      // cache row of each slot ((page * Hkv + kv_head) * page_size + offset)
+    int tile_start[2];   // logical index at which the tile begins
+    int reduce[PREFILL_WARPS];
+};
+
+struct SlotWalker {
+    // Written only by threads 0..63, which walk the tiles in order and agree on `base`.
+    int base;  // logical index of the first token of the next tile's first entry
+};
+
+// Fills the slot table of tile `j` (threads 0..BN-1, one slot each).
+template <int D>
+__device__ __forceinline__ void describe_tile(PrefillShared<D>& s, int buf, int j, SlotWalker& w,
+                                              const int* page_ids, const int* page_lens,
+                                              int num_entries, int page_size, int page_shift,
+                                              int num_pages, int num_kv_heads, int kv_head) {
+    const int c = threadIdx.x;
+    const bool big = page_size >= BN;
+    const int tiles_per_entry = big ? page_size / BN : 1;
+    const int entries_per_tile = big ? 1 : BN / page_size;
+    const int first = big ? j / tiles_per_entry : j * entries_per_tile;
+    const int sub = big ? j % tiles_per_entry : 0;
+    const int i = big ? 0 : c >> page_shift;
+    const int offset = big ? sub * BN + c : c & (page_size - 1);
+
+    // Logical start of this slot's entry: the running base plus the entries before it here.
+    int start = w.base, advance = 0;
+    for (int k = 0; k < entries_per_tile; ++k) {
+        const int e = first + k;
+        const int len = e < num_entries ? min(max(page_lens[e], 0), page_size) : 0;
+        if (k < i) start += len;
+        advance += len;
+    }
+    const int e = first + i;
+    int logical = -1, row = -1;
+    if (e < num_entries) {
+        const int len = min(max(page_lens[e], 0), page_size);
+        const int page = page_ids[e];
+        if (offset < len && page >= 0 && page < num_pages) {
+            logical = start + offset;
+            row = (page * num_kv_heads + kv_head) * page_size + offset;
+        }
+    }
+    s.logical[buf][c] = logical;
+    s.row[buf][c] = row;
+    if (c == 0) s.tile_start[buf] = w.base;
+    if (!big || sub == tiles_per_entry - 1) w.base += advance;
+}
+
+// Starts the asynchronous copy of one K or V tile into `dst`; empty slots become zeros.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16 (*dst)[D + 8], const int* rows, const bf16* cache) {
+    constexpr int CHUNKS = D / 8;
+    for (int id = threadIdx.x; id < BN * CHUNKS; id += PREFILL_WARPS * 32) {
+        const int r = id / CHUNKS, ch = id % CHUNKS;
+        const int row = rows[r];
+        const bf16* src = row >= 0 ? cache + (size_t)row * D + ch * 8 : cache;
+        cp_async_16(&dst[r][ch * 8], src, row >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+template <int D>
+__device__ __forceinline__ void prefill_attention(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int* __restrict__ q_indptr, const int* __restrict__ kv_indptr,
+    const int* __restrict__ kv_page_ids, const int* __restrict__ kv_page_lens,
+    bf16* __restrict__ out, float* __restrict__ lse, int num_q_heads, int num_kv_heads,
+    int page_size, int page_shift, int num_pages, float sm_scale, int causal) {
+    __shared__ __align__(16) PrefillShared<D> s;
+    const int seq = blockIdx.y, kv_head = blockIdx.z;
+    const int group = num_q_heads / num_kv_heads;
+    const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
+    const int rows = q_len * group;
+    const int row0 = blockIdx.x * BM;
+    if (row0 >= rows) return;  // this sequence has fewer query tiles than the longest one
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int e0 = kv_indptr[seq];
+    const int num_entries = kv_indptr[seq + 1] - e0;
+    const int* page_ids = kv_page_ids + e0;
+    const int* page_lens = kv_page_lens + e0;
+
+    // kv_len: the sequence's total KV tokens, which places its queries at the end.
+    int mine = 0;
+    for (int e = tid; e < num_entries; e += PREFILL_WARPS * 32)
+        mine += min(max(page_lens[e], 0), page_size);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(FULL_MASK, mine, o);
+    if (lane == 0) s.reduce[warp] = mine;
+    __syncthreads();
+    int kv_len = 0;
+#pragma unroll
+    for (int w = 0; w < PREFILL_WARPS; ++w) kv_len += s.reduce[w];
+
+    // The two rows this thread accumulates: r_a = 16 warp + lane/4 and r_a + 8.
+    const int big_int = 0x7fffffff;
+    int q_index[2];
+    int q_token[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + warp * 16 + (lane >> 2) + 8 * h;
+        q_token[h] = r < rows ? r / group : -1;
+        q_index[h] = r >= rows ? -1 : (causal ? kv_len - q_len + r / group : big_int);
+    }
+    const int last_row = min(rows, row0 + BM) - 1;
+    const int q_hi = causal ? kv_len - q_len + last_row / group : big_int;
+
+    SlotWalker walker{0};
+    const bool big = page_size >= BN;
+    const int num_tiles = big ? num_entries * (page_size / BN)
+                              : (num_entries + BN / page_size - 1) / (BN / page_size);
+    if (tid < BN && num_tiles > 0)
+        describe_tile<D>(s, 0, 0, walker, page_ids, page_lens, num_entries, page_size, page_shift,
+                         num_pages, num_kv_heads, kv_head);
+
+    // Stage the Q tile through the K buffer and keep it in registers as mma A fragments.
+    constexpr int CHUNKS = D / 8;
+    for (int id = tid; id < BM * CHUNKS; id += PREFILL_WARPS * 32) {
+        const int r = id / CHUNKS, ch = id % CHUNKS;
+        const int gr = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (gr < rows) {
+            const int t = gr / group, h = kv_head * group + gr % group;
+            v = *reinterpret_cast<const uint4*>(q + ((size_t)(q0 + t) * num_q_heads + h) * D + ch * 8);
+        }
+        *reinterpret_cast<uint4*>(&s.k[r][ch * 8]) = v;
+    }
+    __syncthreads();
+    const int m8 = lane >> 3;  // which 8x8 matrix this lane addresses in ldmatrix
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qa[kk], &s.k[warp * 16 + (m8 & 1) * 8 + (lane & 7)][kk * 16 + (m8 >> 1) * 8]);
+    __syncthreads();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()};
+    float l[2] = {0.f, 0.f};
+    const float scale = sm_scale * LOG2E;  // scores in log2 units: exp2f is a single instruction
+
+    if (num_tiles > 0) load_tile<D>(s.k, s.row[0], k_cache);
+    for (int j = 0; j < num_tiles; ++j) {
+        const int b = j & 1;
+        if (j + 1 < num_tiles && tid < BN)
+            describe_tile<D>(s, b ^ 1, j + 1, walker, page_ids, page_lens, num_entries, page_size,
+                             page_shift, num_pages, num_kv_heads, kv_head);
+        cp_async_wait_all();
+        __syncthreads();
+        if (s.tile_start[b] > q_hi) break;  // causal: this tile and all later ones are future
+        load_tile<D>(s.v, s.row[b], v_cache);
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 slots.
+        float sc[BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int np = 0; np < BN / 16; ++np) {
+                u32 kb[4];
+                ldmatrix_x4(kb, &s.k[np * 16 + (m8 >> 1) * 8 + (lane & 7)][kk * 16 + (m8 & 1) * 8]);
+                mma_bf16_16816(sc[2 * np], qa[kk], kb[0], kb[1]);
+                mma_bf16_16816(sc[2 * np + 1], qa[kk], kb[2], kb[3]);
+            }
+        }
+
+        // Mask, then the online softmax update of each of this thread's two rows.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float row_max = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int kv = s.logical[b][nt * 8 + (lane & 3) * 2 + i];
+                    float x = sc[nt][2 * h + i] * scale;
+                    if (kv < 0 || kv > q_index[h]) x = neg_inf();
+                    sc[nt][2 * h + i] = x;
+                    row_max = fmaxf(row_max, x);
+                }
+            }
+            // The 4 lanes of a quad hold the same row.
+            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 1));
+            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 2));
+            const float m_new = fmaxf(m[h], row_max);
+            const float m_use = m_new == neg_inf() ? 0.f : m_new;  // row fully masked so far
+            const float alpha = exp2f(m[h] - m_use);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const float p = exp2f(sc[nt][2 * h + i] - m_use);
+                    sc[nt][2 * h + i] = p;
+                    sum += p;
+                }
+            }
+            l[h] = l[h] * alpha + sum;  // this lane's share; the quad is summed at the end
+            m[h] = m_new;
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn) {
+                o[dn][2 * h] *= alpha;
+                o[dn][2 * h + 1] *= alpha;
+            }
+        }
+
+        cp_async_wait_all();
+        __syncthreads();
+        if (j + 1 < num_tiles) load_tile<D>(s.k, s.row[b ^ 1], k_cache);
+
+        // O += P V: the score accumulators become the A operand directly.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            u32 pa[4];
+            pa[0] = pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                u32 vb[4];
+                ldmatrix_x4_trans(vb, &s.v[kk * 16 + (m8 & 1) * 8 + (lane & 7)][dp * 16 + (m8 >> 1) * 8]);
+                mma_bf16_16816(o[2 * dp], pa, vb[0], vb[1]);
+                mma_bf16_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+            }
+        }
+    }
+    cp_async_wait_all();  // a causal break can leave nothing in flight, but be explicit
+
+    // Normalise and write this thread's two rows.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float total = l[h];
+        total += __shfl_xor_sync(FULL_MASK, total, 1);
+        total += __shfl_xor_sync(FULL_MASK, total, 2);
+        if (q_token[h] < 0) continue;
+        const int head = kv_head * group + (row0 + warp * 16 + (lane >> 2) + 8 * h) % group;
+        const size_t base = ((size_t)(q0 + q_token[h]) * num_q_heads + head);
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        bf16* dst = out + base * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+            const int col = dn * 8 + (lane & 3) * 2;
+            *reinterpret_cast<__nv_bfloat162*>(dst + col) =
+                __floats2bfloat162_rn(o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
+        }
+        if (lse != nullptr && (lane & 3) == 0)
+            lse[base] = total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+    }
+}
+
+// Three blocks per multiprocessor (12 warps) cap the registers at 168 for head_dim 128: enough
+// for Q fragments, the score tile and the output tile, with a few bytes spilled outside the loop.
+#define PREFILL(D)                                                                              \
+    extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 3) prefill_attention_d##D(   \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* q_indptr,           \
+        const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out,       \
+        float* lse, int num_q_heads, int num_kv_heads, int page_size, int page_shift,           \
+        int num_pages, float sm_scale, int causal) {                                            \
+        prefill_attention<D>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids,             \
+                             kv_page_lens, out, lse, num_q_heads, num_kv_heads, page_size,      \
+                             page_shift, num_pages, sm_scale, causal);                          \
+    }
+
+PREFILL(32)
+PREFILL(64)
+PREFILL(128)

@@ -1,0 +1,118 @@
+// The step between the QKV projection and attention, in one pass over the fused QKV output:
+//   1. optional RMSNorm of every q and k head (Qwen3's q_norm / k_norm; Llama has none),
+//   2. rotary position embedding (Su et al., RoFormer) on q and k, in the Hugging Face
+//      "rotate_half" layout: element i is paired with element i + D/2, and the pair is turned
+//      by the angle position * theta^(-2i/D),
+//   3. the rotated q goes to q_out [T, Hq, D]; the rotated k and the plain v are stored into the
+//      paged KV cache at the token's slot, so attention never needs a separate copy kernel.
+//
+// The cache of one layer is two buffers [num_pages][Hkv][page_size][D] ("HND": within a page,
+// the tokens of one head are contiguous rows, which is what attention streams through).
+//
+// Input row of token t: [q_0 .. q_{Hq-1} | k_0 .. k_{Hkv-1} | v_0 .. v_{Hkv-1}], each D wide.
+// Grid: (T, ceil((Hq + 2 Hkv) / WARPS)); each warp handles one head of one token. Lane l owns
+// the rotation pairs (p, p + D/2) for p = l, l + 32, ... so a pair never crosses threads.
+
+template <int D>
+__device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
+                                          bf16* __restrict__ dst,
+                                          const bf16* __restrict__ norm_w,
+                                          float eps,
+                                          float position,
+                                          float theta,
+                                          bool rotate) {
+    constexpr int HALF = D / 2;
+    constexpr int PAIRS = (HALF + 31) / 32;  // pairs per lane
+    const int lane = threadIdx.x & 31;
+    float a[PAIRS], b[PAIRS];
+    float sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < PAIRS; ++j) {
+        const int p = lane + 32 * j;
+        a[j] = p < HALF ? __bfloat162float(src[p]) : 0.f;
+        b[j] = p < HALF ? __bfloat162float(src[p + HALF]) : 0.f;
+        sq += a[j] * a[j] + b[j] * b[j];
+    }
+    if (norm_w != nullptr) {
+        const float inv_rms = rsqrtf(warp_sum(sq) / D + eps);
+#pragma unroll
+        for (int j = 0; j < PAIRS; ++j) {
+            const int p = lane + 32 * j;
+            if (p < HALF) {
+                a[j] *= inv_rms * __bfloat162float(norm_w[p]);
+                b[j] *= inv_rms * __bfloat162float(norm_w[p + HALF]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PAIRS; ++j) {
+        const int p = lane + 32 * j;
+        if (p >= HALF) continue;
+        float x1 = a[j], x2 = b[j];
+        if (rotate) {
+            // Precise sincosf: angles reach tens of thousands of radians for long contexts,
+            // where the fast approximations lose all accuracy.
+            const float inv_freq = 1.f / powf(theta, (float)(2 * p) / (float)D);
+            float s, c;
+            sincosf(position * inv_freq, &s, &c);
+            x1 = a[j] * c - b[j] * s;
+            x2 = b[j] * c + a[j] * s;
+        }
+        dst[p] = __float2bfloat16(x1);
+        dst[p + HALF] = __float2bfloat16(x2);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
+                                                   bf16* __restrict__ q_out,
+                                                   bf16* __restrict__ k_cache,
+                                                   bf16* __restrict__ v_cache,
+                                                   const int* __restrict__ positions,
+                                                   const int* __restrict__ slots,
+                                                   const bf16* __restrict__ q_norm_w,
+                                                   const bf16* __restrict__ k_norm_w,
+                                                   int num_q_heads,
+                                                   int num_kv_heads,
+                                                   int page_size,
+                                                   int num_pages,
+                                                   float eps,
+                                                   float theta) {
+    const int t = blockIdx.x;
+    const int head = blockIdx.y * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int heads = num_q_heads + 2 * num_kv_heads;
+    if (head >= heads) return;
+    const bf16* src = qkv + ((size_t)t * heads + head) * D;
+    const float pos = (float)positions[t];
+
+    if (head < num_q_heads) {
+        bf16* dst = q_out + ((size_t)t * num_q_heads + head) * D;
+        rope_head<D>(src, dst, q_norm_w, eps, pos, theta, true);
+        return;
+    }
+    // K and V go to the cache. A slot outside the cache (page < 0 marks padding) stores nothing.
+    const int page = slots[2 * t], offset = slots[2 * t + 1];
+    if (page < 0 || page >= num_pages || offset < 0 || offset >= page_size) return;
+    const bool is_k = head < num_q_heads + num_kv_heads;
+    const int kv_head = is_k ? head - num_q_heads : head - num_q_heads - num_kv_heads;
+    const size_t row = ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
+    if (is_k) {
+        rope_head<D>(src, k_cache + row * D, k_norm_w, eps, pos, theta, true);
+    } else {
+        rope_head<D>(src, v_cache + row * D, nullptr, eps, pos, theta, false);
+    }
+}
+
+#define ROPE_STORE(D)                                                                        \
+    extern "C" __global__ void qk_norm_rope_store_d##D(                                     \
+        const bf16* qkv, bf16* q_out, bf16* k_cache, bf16* v_cache, const int* positions,    \
+        const int* slots, const bf16* q_norm_w, const bf16* k_norm_w, int num_q_heads,       \
+        int num_kv_heads, int page_size, int num_pages, float eps, float theta) {            \
+        qk_norm_rope_store<D>(qkv, q_out, k_cache, v_cache, positions, slots, q_norm_w,      \
+                              k_norm_w, num_q_heads, num_kv_heads, page_size, num_pages, eps, \
+                              theta);                                                        \
+    }
+
+ROPE_STORE(32)
+ROPE_STORE(64)
+ROPE_STORE(128)

@@ -1,0 +1,208 @@
+//! The GPU handle: one context, one stream, one cuBLAS handle, and the kernel modules.
+//!
+//! Everything is queued on a single stream, so work is ordered without host synchronisation;
+//! the host waits only where it asks to ([`Gpu::synchronize`], [`Gpu::download`]). cudarc's
+//! per-buffer event tracking (useful with many streams) is switched off: with one stream it
+//! would only add an event record to every launch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::compile::{Arch, Compiler};
+use crate::error::{DriverContext, Error, Result};
+use crate::source::Source;
+
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    arch: Arch,
+    num_sms: usize,
+    compiler: Compiler,
+    modules: [OnceLock<Arc<CudaModule>>; Source::ALL.len()],
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` with the compiler set up from the environment
+    /// ([`Compiler::from_env`]). [`Error::NoDevice`] means there is no GPU to use here.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        find_device(ordinal)?;
+        Self::with_compiler(ordinal, Compiler::from_env()?)
+    }
+
+    pub fn with_compiler(ordinal: usize, compiler: Compiler) -> Result<Self> {
+        find_device(ordinal)?;
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::MissingLibrary { lib: "cublas" });
+        }
+        let ctx = CudaContext::new(ordinal).during("creating the context")?;
+        // Safety: no buffer exists yet, and this crate uses a single stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().during("creating the stream")?;
+        let blas = CudaBlas::new(stream.clone())?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
+        let num_sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .during("reading the multiprocessor count")?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            arch: Arch {
+                major: major as u32,
+                minor: minor as u32,
+            },
+            num_sms: num_sms as usize,
+            compiler,
+            modules: Default::default(),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
+    }
+
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().during("reading the device name")
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launcher queues on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn blas(&self) -> &CudaBlas {
+        &self.blas
+    }
+
+    /// Compiles (or loads from the cache) and loads every kernel module now, so that the first
+    /// forward step does not pay for it.
+    pub fn preload(&self) -> Result<()> {
+        for source in Source::ALL {
+            self.module(source)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for all queued work; a failed kernel reports its error here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().during("synchronising the stream")
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(host).during("copying to the device")
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(len)
+            .during("allocating device memory")
+    }
+
+    /// Copies a device buffer back; this waits for the work queued before it.
+    pub fn download<T: DeviceRepr, S: DevicePtr<T>>(&self, device: &S) -> Result<Vec<T>> {
+        let host = self
+            .stream
+            .clone_dtoh(device)
+            .during("copying to the host")?;
+        self.synchronize()?;
+        Ok(host)
+    }
+
+    pub(crate) fn module(&self, source: Source) -> Result<&Arc<CudaModule>> {
+        let slot = &self.modules[source.index()];
+        if let Some(module) = slot.get() {
+            return Ok(module);
+        }
+        let cubin = self
+            .compiler
+            .compile(source.file(), &source.text(), self.arch)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .during(format!("loading {}", source.file()))?;
+        Ok(slot.get_or_init(|| module))
+    }
+
+    pub(crate) fn function(&self, source: Source, name: &'static str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().expect("not poisoned").get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module(source)?
+            .load_function(name)
+            .during(format!("finding kernel {name}"))?;
+        self.functions
+            .lock()
+            .expect("not poisoned")
+            .insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// The raw device address of a buffer, for a kernel argument.
+    pub(crate) fn ptr<T>(&self, buffer: &impl DevicePtr<T>) -> u64 {
+        // With event tracking off the returned guard records nothing.
+        let (ptr, _guard) = buffer.device_ptr(&self.stream);
+        ptr
+    }
+
+    pub(crate) fn ptr_mut<T>(&self, buffer: &mut impl DevicePtrMut<T>) -> u64 {
+        let (ptr, _guard) = buffer.device_ptr_mut(&self.stream);
+        ptr
+    }
+
+    pub(crate) fn ptr_dyn<T>(&self, buffer: &mut dyn DevicePtrMut<T>) -> u64 {
+        let (ptr, _guard) = buffer.device_ptr_mut(&self.stream);
+        ptr
+    }
+}
+
+/// Fails with [`Error::NoDevice`] unless the driver is installed and device `ordinal` exists.
+fn find_device(ordinal: usize) -> Result<()> {
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDevice(
+            "the CUDA driver library (libcuda) is not installed".into(),
+        ));
+    }
+    cudarc::driver::result::init()
+        .map_err(|e| Error::NoDevice(format!("the CUDA driver did not start: {e}")))?;
+    let count = CudaContext::device_count()
+        .map_err(|e| Error::NoDevice(format!("cannot count devices: {e}")))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::NoDevice(format!(
+            "device {ordinal} requested, {count} present"
+        )));
+    }
+    Ok(())
+}
+
+/// A launch shape with no dynamic shared memory (every kernel here sizes its shared memory
+/// statically).
+pub(crate) fn grid(blocks: (u32, u32, u32), threads: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: blocks,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -1,0 +1,47 @@
+//! nano-serving's CUDA kernels and their Rust launchers.
+//!
+//! The kernels are CUDA C files under `src/cuda/`, embedded in the binary and compiled at run
+//! time by NVRTC for the GPU that is present (see [`compile`]); building this crate needs no
+//! CUDA installation, and the CUDA libraries (driver, NVRTC, cuBLAS) are loaded when a [`Gpu`]
+//! is opened.
+//!
+//! Conventions: activations and KV are bf16 on the device, arithmetic is f32. Launchers take
+//! device buffers and sizes, check the sizes on the host, queue the kernel on the [`Gpu`]'s
+//! stream and return without waiting.
+//!
+//! | step of a layer                     | module        | idea it teaches                       |
+//! |-------------------------------------|---------------|---------------------------------------|
+//! | embedding, last-row pick            | [`gather`]    | coalesced 16-byte copies              |
+//! | RMSNorm, residual add + RMSNorm     | [`norm`]      | block reductions, fusion              |
+//! | QKV projection, MLP, lm_head        | [`linear`]    | cuBLAS GEMM, fused weights            |
+//! | q/k norm, RoPE, KV store            | [`rope`]      | paged KV writes (vLLM)                |
+//! | prefill attention                   | [`prefill`]   | FlashAttention-2 on tensor cores      |
+//! | decode attention                    | [`decode`]    | bandwidth-bound paged decode, split-K |
+//! | cascade and split merges            | [`merge`]     | FlashInfer's merge_state              |
+//! | SwiGLU activation                   | [`activation`]| elementwise fusion                    |
+//! | sampling                            | [`sampling`]  | radix select instead of a sort        |
+
+mod check;
+pub mod compile;
+mod device;
+mod error;
+mod source;
+
+pub mod activation;
+pub mod decode;
+pub mod gather;
+pub mod linear;
+pub mod merge;
+pub mod norm;
+pub mod paged;
+pub mod prefill;
+pub mod rope;
+pub mod sampling;
+
+pub use compile::{Arch, Compiler};
+pub use device::Gpu;
+pub use error::{Error, Result};
+pub use source::Source;
+
+pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+pub use half::bf16;

@@ -1,0 +1,100 @@
+//! Linear layers through cuBLAS, and the weight fusion that makes one GEMM of several.
+//!
+//! `Y[T, out] = X[T, in] · W^T` with W stored `[out, in]` row-major, as in safetensors. cuBLAS
+//! is column-major, where the same bytes are `W^T [in, out]` and `X^T [in, T]`; so it is asked
+//! for `Y^T = op(W) · X^T` with `op = transpose`, which lands in memory as row-major Y. bf16
+//! inputs, f32 accumulation (`CUBLAS_COMPUTE_32F`), bf16 or f32 output.
+//!
+//! q, k and v (and gate and up) read the same input: stacking their weights row-wise at load
+//! time turns three GEMMs into one larger, more efficient one.
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+use half::bf16;
+
+use crate::check;
+use crate::device::Gpu;
+use crate::error::Result;
+
+/// Output element types of [`linear`].
+pub trait GemmOutput: DeviceRepr {
+    const TYPE: blas_sys::cudaDataType;
+}
+
+impl GemmOutput for bf16 {
+    const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_16BF;
+}
+
+impl GemmOutput for f32 {
+    const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
+}
+
+/// `y: [tokens, out_features] = x: bf16[tokens, in_features] · w^T`, `w: bf16[out_features,
+/// in_features]`.
+pub fn linear<T: GemmOutput>(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    w: &impl DevicePtr<bf16>,
+    y: &mut impl DevicePtrMut<T>,
+    tokens: usize,
+    out_features: usize,
+    in_features: usize,
+) -> Result<()> {
+    const K: &str = "linear";
+    check::at_least(K, "x", x.len(), tokens * in_features)?;
+    check::at_least(K, "weight", w.len(), out_features * in_features)?;
+    check::at_least(K, "y", y.len(), tokens * out_features)?;
+    let (m, n, k) = (
+        check::int(K, "out_features", out_features)?,
+        check::int(K, "tokens", tokens)?,
+        check::int(K, "in_features", in_features)?,
+    );
+    if tokens == 0 || out_features == 0 {
+        return Ok(());
+    }
+    let (px, pw, py) = (gpu.ptr(x), gpu.ptr(w), gpu.ptr_mut(y));
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    unsafe {
+        blas::gemm_ex(
+            *gpu.blas().handle(),
+            blas_sys::cublasOperation_t::CUBLAS_OP_T,
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            m,
+            n,
+            k,
+            (&alpha as *const f32).cast(),
+            pw as *const _,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            k,
+            px as *const _,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            k,
+            (&beta as *const f32).cast(),
+            py as *mut _,
+            T::TYPE,
+            m,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }?;
+    Ok(())
+}
+
+/// Stacks `[out_i, in_features]` weight matrices into one `[sum out_i, in_features]` matrix
+/// (q, k, v -> qkv; gate, up -> gate_up). Each part's length must be a multiple of
+/// `in_features`.
+pub fn fuse_rows(parts: &[&[bf16]], in_features: usize) -> Result<Vec<bf16>> {
+    if in_features == 0 {
+        return Err(check::invalid("fuse_rows", "in_features is 0"));
+    }
+    if let Some(bad) = parts.iter().position(|p| p.len() % in_features != 0) {
+        return Err(check::invalid(
+            "fuse_rows",
+            format!(
+                "part {bad} has {} elements, not a multiple of in_features {in_features}",
+                parts[bad].len()
+            ),
+        ));
+    }
+    Ok(parts.concat())
+}

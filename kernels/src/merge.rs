@@ -1,0 +1,100 @@
+//! Merging attention over parts of the KV by log-sum-exp (FlashInfer's `merge_state`).
+//!
+//! Cascade attention computes, for a group of requests sharing a prefix, the attention of all
+//! their queries over the shared pages in one pass (no causal mask: every query comes after
+//! the prefix), then each request's attention over its own pages, and merges the two partial
+//! states per (query, head). Split-K decode merges its splits the same way.
+
+use cudarc::driver::{CudaView, DevicePtrMut, PushKernelArg};
+use half::bf16;
+
+use crate::check;
+use crate::device::{Gpu, grid};
+use crate::error::{DriverContext, Result};
+use crate::source::Source;
+
+/// A partial attention result: `o: bf16[rows, head_dim]` normalised over its part of the KV,
+/// `lse: f32[rows]` the natural-log sum of exp(scores) over that part (`-inf` when empty).
+/// A row is one (query, head).
+#[derive(Debug)]
+pub struct PartialState<'a> {
+    pub o: CudaView<'a, bf16>,
+    pub lse: CudaView<'a, f32>,
+}
+
+/// `out` (and `lse_out` if given) = the merge of `a` and `b`, for `rows` rows of `head_dim`.
+pub fn merge_state(
+    gpu: &Gpu,
+    a: &PartialState<'_>,
+    b: &PartialState<'_>,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse_out: Option<&mut dyn DevicePtrMut<f32>>,
+    rows: usize,
+    head_dim: usize,
+) -> Result<()> {
+    const K: &str = "merge_state";
+    check::head_dim(K, head_dim)?;
+    for (what, state) in [("a", a), ("b", b)] {
+        check::at_least(K, what, state.o.len(), rows * head_dim)?;
+        check::at_least(K, what, state.lse.len(), rows)?;
+        check::aligned(K, what, gpu.ptr(&state.o))?;
+    }
+    check::at_least(K, "output", out.len(), rows * head_dim)?;
+    let lse_ptr = match lse_out {
+        Some(l) => {
+            check::at_least(K, "lse_out", l.len(), rows)?;
+            gpu.ptr_dyn(l)
+        }
+        None => 0,
+    };
+    if rows == 0 {
+        return Ok(());
+    }
+    let out_ptr = gpu.ptr_mut(out);
+    check::aligned(K, "output", out_ptr)?;
+    let f = gpu.function(Source::Merge, "merge_state")?;
+    let ptrs = [
+        gpu.ptr(&a.o),
+        gpu.ptr(&a.lse),
+        gpu.ptr(&b.o),
+        gpu.ptr(&b.lse),
+        out_ptr,
+        lse_ptr,
+    ];
+    let (rows_arg, d_arg) = (check::int(K, "rows", rows)?, head_dim as i32);
+    let mut launch = gpu.stream().launch_builder(&f);
+    for p in &ptrs {
+        launch.arg(p);
+    }
+    launch.arg(&rows_arg).arg(&d_arg);
+    let threads = rows * head_dim / 8;
+    unsafe { launch.launch(grid((threads.div_ceil(256) as u32, 1, 1), 256)) }.during(K)?;
+    Ok(())
+}
+
+/// Split-K decode's final step: `part_o: f32[rows, splits, head_dim]`, `part_lse:
+/// f32[rows, splits]` -> `out: bf16[rows, head_dim]` (+ `lse_out`).
+/// The launcher ([`crate::decode::decode_attention`]) has checked every size; these are raw
+/// device addresses (`lse_ptr` 0 for none).
+pub(crate) fn merge_splits(
+    gpu: &Gpu,
+    (po, pl): (u64, u64),
+    (out_ptr, lse_ptr): (u64, u64),
+    rows: usize,
+    head_dim: usize,
+    splits: usize,
+) -> Result<()> {
+    const K: &str = "merge_splits";
+    let f = gpu.function(Source::Merge, "merge_splits")?;
+    let (d_arg, s_arg) = (head_dim as i32, check::int(K, "splits", splits)?);
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch
+        .arg(&po)
+        .arg(&pl)
+        .arg(&out_ptr)
+        .arg(&lse_ptr)
+        .arg(&d_arg)
+        .arg(&s_arg);
+    unsafe { launch.launch(grid((rows as u32, 1, 1), head_dim as u32)) }.during(K)?;
+    Ok(())
+}

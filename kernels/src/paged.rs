@@ -1,0 +1,255 @@
+//! The paged KV cache as the attention kernels see it: the cache's shape, and the page table
+//! that says where each sequence's tokens are.
+//!
+//! A layer's cache is two bf16 buffers, K and V, each `[num_pages][num_kv_heads][page_size]
+//! [head_dim]` ("HND", as in the CPU store): inside a page, one head's tokens are contiguous rows,
+//! so a kernel streams a page of one head as one block of memory.
+//!
+//! A sequence's KV is a list of *page entries* (FlashInfer's layout, plus a length per entry):
+//! `page_ids[indptr[s]..indptr[s+1]]` with `page_lens` of valid tokens for each entry. The
+//! sequence's token k is the k-th valid token walking its entries in order. Shared segments
+//! that end in a partly filled page (a 50-token system prompt in 16-token pages) are entries
+//! with a short length, so a sequence can be several segments without copying anything.
+
+use cudarc::driver::{CudaSlice, CudaView};
+use half::bf16;
+
+use crate::check;
+use crate::device::Gpu;
+use crate::error::Result;
+
+/// The shape of one layer's K (or V) buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheShape {
+    pub num_pages: usize,
+    pub num_kv_heads: usize,
+    pub page_size: usize,
+    pub head_dim: usize,
+}
+
+impl CacheShape {
+    /// Elements in one of the two buffers.
+    pub fn elements(&self) -> usize {
+        self.num_pages * self.num_kv_heads * self.page_size * self.head_dim
+    }
+
+    /// Element offset of the row of `(page, kv_head, offset)`.
+    pub fn row_offset(&self, page: usize, kv_head: usize, offset: usize) -> usize {
+        ((page * self.num_kv_heads + kv_head) * self.page_size + offset) * self.head_dim
+    }
+
+    /// Checks the buffers' sizes and that row indices fit the kernels' 32-bit arithmetic.
+    pub(crate) fn check(&self, kernel: &'static str, k_len: usize, v_len: usize) -> Result<()> {
+        check::head_dim(kernel, self.head_dim)?;
+        if self.num_kv_heads == 0 || self.page_size == 0 {
+            return Err(check::invalid(kernel, "empty cache shape"));
+        }
+        check::at_least(kernel, "K cache", k_len, self.elements())?;
+        check::at_least(kernel, "V cache", v_len, self.elements())?;
+        check::int(
+            kernel,
+            "cache rows",
+            self.num_pages * self.num_kv_heads * self.page_size,
+        )?;
+        Ok(())
+    }
+
+    /// The attention kernels walk pages in power-of-two slot tiles: page_size must be a power
+    /// of two, at least 16. Returns log2(page_size).
+    pub(crate) fn page_shift(&self, kernel: &'static str) -> Result<i32> {
+        if !self.page_size.is_power_of_two() || self.page_size < 16 {
+            return Err(check::invalid(
+                kernel,
+                format!("page_size {} must be a power of two >= 16", self.page_size),
+            ));
+        }
+        Ok(self.page_size.trailing_zeros() as i32)
+    }
+}
+
+/// Device arrays of a page table (see the module docs): `indptr: i32[num_seqs + 1]`,
+/// `page_ids` and `page_lens: i32[indptr[num_seqs]]`.
+#[derive(Debug)]
+pub struct PageTable<'a> {
+    pub indptr: CudaView<'a, i32>,
+    pub page_ids: CudaView<'a, i32>,
+    pub page_lens: CudaView<'a, i32>,
+}
+
+impl PageTable<'_> {
+    pub fn num_seqs(&self) -> usize {
+        self.indptr.len().saturating_sub(1)
+    }
+
+    pub(crate) fn check(&self, kernel: &'static str) -> Result<()> {
+        if self.indptr.is_empty() {
+            return Err(check::invalid(kernel, "indptr needs num_seqs + 1 entries"));
+        }
+        if self.page_ids.len() != self.page_lens.len() {
+            return Err(check::invalid(
+                kernel,
+                "page_ids and page_lens must have the same length",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A page table built on the host, ready to upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPageTable {
+    pub indptr: Vec<i32>,
+    pub page_ids: Vec<i32>,
+    pub page_lens: Vec<i32>,
+}
+
+impl Default for HostPageTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostPageTable {
+    pub fn new() -> Self {
+        Self {
+            indptr: vec![0],
+            page_ids: Vec::new(),
+            page_lens: Vec::new(),
+        }
+    }
+
+    /// Appends a sequence given as `(page id, valid tokens)` entries, in KV order.
+    pub fn push_seq(&mut self, entries: impl IntoIterator<Item = (u32, usize)>) {
+        for (page, len) in entries {
+            self.page_ids.push(page as i32);
+            self.page_lens.push(len as i32);
+        }
+        self.indptr.push(self.page_ids.len() as i32);
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.indptr.len() - 1
+    }
+
+    /// Tokens of sequence `s`.
+    pub fn kv_len(&self, s: usize) -> usize {
+        let (a, b) = (self.indptr[s] as usize, self.indptr[s + 1] as usize);
+        self.page_lens[a..b].iter().map(|&l| l as usize).sum()
+    }
+
+    pub fn max_kv_len(&self) -> usize {
+        (0..self.num_seqs())
+            .map(|s| self.kv_len(s))
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn upload(&self, gpu: &Gpu) -> Result<DevicePageTable> {
+        // A zero-length allocation is avoided: an empty table still gets one (unread) entry.
+        let pad = |v: &Vec<i32>| if v.is_empty() { vec![0] } else { v.clone() };
+        Ok(DevicePageTable {
+            indptr: gpu.upload(&self.indptr)?,
+            page_ids: gpu.upload(&pad(&self.page_ids))?,
+            page_lens: gpu.upload(&pad(&self.page_lens))?,
+            entries: self.page_ids.len(),
+        })
+    }
+}
+
+/// An uploaded page table; [`DevicePageTable::view`] gives what the kernels take.
+#[derive(Debug)]
+pub struct DevicePageTable {
+    pub indptr: CudaSlice<i32>,
+    pub page_ids: CudaSlice<i32>,
+    pub page_lens: CudaSlice<i32>,
+    entries: usize,
+}
+
+impl DevicePageTable {
+    pub fn view(&self) -> PageTable<'_> {
+        PageTable {
+            indptr: self.indptr.as_view(),
+            page_ids: self.page_ids.slice(..self.entries),
+            page_lens: self.page_lens.slice(..self.entries),
+        }
+    }
+}
+
+/// What both attention kernels read: queries, one layer's cache, and the page table.
+#[derive(Debug)]
+pub struct AttentionInputs<'a> {
+    /// `bf16[rows, num_q_heads, head_dim]`: one row per query token.
+    pub q: CudaView<'a, bf16>,
+    pub k_cache: CudaView<'a, bf16>,
+    pub v_cache: CudaView<'a, bf16>,
+    pub cache: CacheShape,
+    pub table: PageTable<'a>,
+    pub num_q_heads: usize,
+    /// Usually 1 / sqrt(head_dim).
+    pub sm_scale: f32,
+}
+
+impl AttentionInputs<'_> {
+    /// Query heads per KV head (GQA group size).
+    pub fn group(&self) -> usize {
+        self.num_q_heads / self.cache.num_kv_heads
+    }
+
+    /// Checks everything but the number of query rows; returns log2(page_size).
+    pub(crate) fn check(&self, kernel: &'static str, gpu: &Gpu) -> Result<i32> {
+        self.cache
+            .check(kernel, self.k_cache.len(), self.v_cache.len())?;
+        let shift = self.cache.page_shift(kernel)?;
+        self.table.check(kernel)?;
+        if self.num_q_heads == 0 || !self.num_q_heads.is_multiple_of(self.cache.num_kv_heads) {
+            return Err(check::invalid(
+                kernel,
+                format!(
+                    "{} q heads cannot share {} KV heads evenly",
+                    self.num_q_heads, self.cache.num_kv_heads
+                ),
+            ));
+        }
+        check::aligned(kernel, "q", gpu.ptr(&self.q))?;
+        check::aligned(kernel, "K cache", gpu.ptr(&self.k_cache))?;
+        check::aligned(kernel, "V cache", gpu.ptr(&self.v_cache))?;
+        Ok(shift)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_page_table_counts_partial_pages() {
+        let mut t = HostPageTable::new();
+        t.push_seq([(4, 16), (9, 2), (1, 16), (7, 5)]);
+        t.push_seq([]);
+        t.push_seq([(3, 1)]);
+        assert_eq!(t.indptr, vec![0, 4, 4, 5]);
+        assert_eq!(t.num_seqs(), 3);
+        assert_eq!((t.kv_len(0), t.kv_len(1), t.kv_len(2)), (39, 0, 1));
+        assert_eq!(t.max_kv_len(), 39);
+    }
+
+    #[test]
+    fn cache_rows_are_head_major_within_a_page() {
+        let shape = CacheShape {
+            num_pages: 10,
+            num_kv_heads: 2,
+            page_size: 16,
+            head_dim: 64,
+        };
+        assert_eq!(shape.row_offset(0, 0, 1), 64);
+        assert_eq!(shape.row_offset(0, 1, 0), 16 * 64);
+        assert_eq!(shape.row_offset(1, 0, 0), 2 * 16 * 64);
+        assert_eq!(shape.elements(), 10 * 2 * 16 * 64);
+        assert!(shape.page_shift("t").is_ok());
+        let odd = CacheShape {
+            page_size: 24,
+            ..shape
+        };
+        assert!(odd.page_shift("t").is_err());
+    }
+}

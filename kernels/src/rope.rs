@@ -1,0 +1,102 @@
+//! From the fused QKV projection to attention's inputs: q/k RMSNorm, rotary embedding, and the
+//! store of the new K/V into their pages, in one kernel.
+//!
+//! Writing K/V straight into the paged cache is what vLLM's `reshape_and_cache` does; here it
+//! is fused with the rotation so the new keys are read and written once. Attention then finds
+//! the new tokens in the cache like any cached token.
+
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+
+use crate::check;
+use crate::device::{Gpu, grid};
+use crate::error::{DriverContext, Result};
+use crate::paged::CacheShape;
+use crate::source::Source;
+
+/// Per-token inputs and the model's constants.
+#[derive(Debug)]
+pub struct RopeStore<'a> {
+    /// `i32[T]`: each token's position in its sequence.
+    pub positions: CudaView<'a, i32>,
+    /// `i32[T, 2]`: each token's slot as (page id, offset in the page). A negative page id (a
+    /// padding token) stores nothing.
+    pub slots: CudaView<'a, i32>,
+    /// Qwen3's per-head RMSNorm weights `bf16[head_dim]`, `None` for Llama/Qwen2.
+    pub q_norm: Option<CudaView<'a, bf16>>,
+    pub k_norm: Option<CudaView<'a, bf16>>,
+    pub num_q_heads: usize,
+    pub rope_theta: f32,
+    pub norm_eps: f32,
+}
+
+const K: &str = "qk_norm_rope_store";
+
+/// `qkv: bf16[T, (Hq + 2 Hkv) * D]` -> `q_out: bf16[T, Hq, D]` (normalised and rotated), and
+/// the rotated k and plain v of every token stored at its slot in `k_cache` / `v_cache`.
+pub fn qk_norm_rope_store(
+    gpu: &Gpu,
+    qkv: &impl DevicePtr<bf16>,
+    args: &RopeStore<'_>,
+    cache: CacheShape,
+    q_out: &mut impl DevicePtrMut<bf16>,
+    k_cache: &mut impl DevicePtrMut<bf16>,
+    v_cache: &mut impl DevicePtrMut<bf16>,
+) -> Result<()> {
+    cache.check(K, k_cache.len(), v_cache.len())?;
+    let (t, d, hq, hkv) = (
+        args.positions.len(),
+        cache.head_dim,
+        args.num_q_heads,
+        cache.num_kv_heads,
+    );
+    if hq == 0 {
+        return Err(check::invalid(K, "no q heads"));
+    }
+    let heads = hq + 2 * hkv;
+    check::at_least(K, "qkv", qkv.len(), t * heads * d)?;
+    check::at_least(K, "slots", args.slots.len(), 2 * t)?;
+    check::at_least(K, "q_out", q_out.len(), t * hq * d)?;
+    for norm in [&args.q_norm, &args.k_norm].into_iter().flatten() {
+        check::at_least(K, "norm weight", norm.len(), d)?;
+    }
+    if t == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(
+        Source::RopeStore,
+        match d {
+            32 => "qk_norm_rope_store_d32",
+            64 => "qk_norm_rope_store_d64",
+            _ => "qk_norm_rope_store_d128",
+        },
+    )?;
+    let ptrs = [
+        gpu.ptr(qkv),
+        gpu.ptr_mut(q_out),
+        gpu.ptr_mut(k_cache),
+        gpu.ptr_mut(v_cache),
+        gpu.ptr(&args.positions),
+        gpu.ptr(&args.slots),
+        args.q_norm.as_ref().map_or(0, |w| gpu.ptr(w)),
+        args.k_norm.as_ref().map_or(0, |w| gpu.ptr(w)),
+    ];
+    let ints = [
+        check::int(K, "num_q_heads", hq)?,
+        check::int(K, "num_kv_heads", hkv)?,
+        check::int(K, "page_size", cache.page_size)?,
+        check::int(K, "num_pages", cache.num_pages)?,
+    ];
+    const WARPS: usize = 4;
+    let mut launch = gpu.stream().launch_builder(&f);
+    for p in &ptrs {
+        launch.arg(p);
+    }
+    for i in &ints {
+        launch.arg(i);
+    }
+    launch.arg(&args.norm_eps).arg(&args.rope_theta);
+    let blocks = (t as u32, heads.div_ceil(WARPS) as u32, 1);
+    unsafe { launch.launch(grid(blocks, (WARPS * 32) as u32)) }.during(K)?;
+    Ok(())
+}

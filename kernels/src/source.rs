@@ -1,0 +1,73 @@
+//! The CUDA C sources, embedded in the binary, one file per idea.
+
+const COMMON: &str = include_str!("cuda/common.cuh");
+const MMA: &str = include_str!("cuda/mma.cuh");
+
+/// A kernel source file; each becomes one CUDA module, compiled on first use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    GatherRows,
+    RmsNorm,
+    RopeStore,
+    PrefillAttention,
+    DecodeAttention,
+    Merge,
+    SiluMul,
+    Sampling,
+}
+
+impl Source {
+    pub const ALL: [Source; 8] = [
+        Source::GatherRows,
+        Source::RmsNorm,
+        Source::RopeStore,
+        Source::PrefillAttention,
+        Source::DecodeAttention,
+        Source::Merge,
+        Source::SiluMul,
+        Source::Sampling,
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Source::GatherRows => "gather_rows.cu",
+            Source::RmsNorm => "rms_norm.cu",
+            Source::RopeStore => "rope_store.cu",
+            Source::PrefillAttention => "prefill_attention.cu",
+            Source::DecodeAttention => "decode_attention.cu",
+            Source::Merge => "merge.cu",
+            Source::SiluMul => "silu_mul.cu",
+            Source::Sampling => "sampling.cu",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Source::GatherRows => include_str!("cuda/gather_rows.cu"),
+            Source::RmsNorm => include_str!("cuda/rms_norm.cu"),
+            Source::RopeStore => include_str!("cuda/rope_store.cu"),
+            Source::PrefillAttention => include_str!("cuda/prefill_attention.cu"),
+            Source::DecodeAttention => include_str!("cuda/decode_attention.cu"),
+            Source::Merge => include_str!("cuda/merge.cu"),
+            Source::SiluMul => include_str!("cuda/silu_mul.cu"),
+            Source::Sampling => include_str!("cuda/sampling.cu"),
+        }
+    }
+
+    /// The text NVRTC compiles: the shared helpers, the tensor-core helpers where used, the file.
+    pub fn text(self) -> String {
+        let mma = if self == Source::PrefillAttention {
+            MMA
+        } else {
+            ""
+        };
+        format!("{COMMON}\n{mma}\n{}", self.body())
+    }
+
+    pub(crate) fn index(self) -> usize {
+        Source::ALL
+            .iter()
+            .position(|&s| s == self)
+            .expect("every source is listed in ALL")
+    }
+}

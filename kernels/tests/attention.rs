@@ -1,0 +1,512 @@
+//! Paged prefill and decode attention, split-K, and cascade merges against a CPU reference
+//! in f64, over page tables with partly filled pages in the middle of a sequence.
+
+mod common;
+
+use common::*;
+use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
+use kernels::merge::{PartialState, merge_state};
+use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
+use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::{CudaSlice, Gpu, bf16};
+
+/// A cache filled with random K/V where sequences have tokens and NaN everywhere else, so a
+/// kernel that reads a slot it should skip poisons its own output.
+struct Cache {
+    shape: CacheShape,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    free: Vec<usize>,
+}
+
+/// One sequence's KV: its (page, offset) per logical token, and its page-table entries.
+#[derive(Clone)]
+struct SeqKv {
+    slots: Vec<(usize, usize)>,
+    entries: Vec<(u32, usize)>,
+}
+
+impl SeqKv {
+    fn concat(parts: &[&SeqKv]) -> SeqKv {
+        SeqKv {
+            slots: parts.iter().flat_map(|p| p.slots.clone()).collect(),
+            entries: parts.iter().flat_map(|p| p.entries.clone()).collect(),
+        }
+    }
+}
+
+impl Cache {
+    fn new(shape: CacheShape, rng: &mut Rng) -> Self {
+        let mut free: Vec<usize> = (0..shape.num_pages).collect();
+        rng.shuffle(&mut free);
+        Self {
+            shape,
+            k: poison_bf16(shape.elements()),
+            v: poison_bf16(shape.elements()),
+            free,
+        }
+    }
+
+    /// A segment of `len` tokens on fresh pages (its last page possibly partial).
+    fn segment(&mut self, len: usize, rng: &mut Rng) -> SeqKv {
+        let (ps, d) = (self.shape.page_size, self.shape.head_dim);
+        let mut seg = SeqKv {
+            slots: Vec::new(),
+            entries: Vec::new(),
+        };
+        for start in (0..len).step_by(ps) {
+            let page = self.free.pop().expect("enough pages");
+            let n = ps.min(len - start);
+            seg.entries.push((page as u32, n));
+            for off in 0..n {
+                seg.slots.push((page, off));
+                for h in 0..self.shape.num_kv_heads {
+                    let at = self.shape.row_offset(page, h, off);
+                    for i in 0..d {
+                        self.k[at + i] = bf16::from_f64(rng.normal());
+                        self.v[at + i] = bf16::from_f64(rng.normal());
+                    }
+                }
+            }
+        }
+        seg
+    }
+}
+
+struct Problem {
+    hq: usize,
+    cache: Cache,
+    seqs: Vec<SeqKv>,
+    q_lens: Vec<usize>,
+    q: Vec<bf16>,
+}
+
+impl Problem {
+    fn total_q(&self) -> usize {
+        self.q_lens.iter().sum()
+    }
+
+    fn table(&self, seqs: &[SeqKv]) -> HostPageTable {
+        let mut t = HostPageTable::new();
+        for s in seqs {
+            t.push_seq(s.entries.iter().copied());
+        }
+        t
+    }
+
+    fn q_indptr(&self) -> Vec<i32> {
+        let mut v = vec![0];
+        for &n in &self.q_lens {
+            v.push(v.last().unwrap() + n as i32);
+        }
+        v
+    }
+
+    /// Reference output [total_q, hq, d] and lse [total_q, hq] (natural log).
+    fn reference(&self, seqs: &[SeqKv], causal: bool) -> (Vec<f64>, Vec<f64>) {
+        let shape = self.cache.shape;
+        let (d, hq) = (shape.head_dim, self.hq);
+        let group = hq / shape.num_kv_heads;
+        let scale = 1.0 / (d as f64).sqrt();
+        let (q, k, v) = (wide(&self.q), wide(&self.cache.k), wide(&self.cache.v));
+        let (mut out, mut lse) = (Vec::new(), Vec::new());
+        let mut row = 0;
+        for (s, seq) in seqs.iter().enumerate() {
+            let kv_len = seq.slots.len();
+            for t in 0..self.q_lens[s] {
+                let qi = kv_len - self.q_lens[s] + t;
+                for h in 0..hq {
+                    let qv = &q[(row * hq + h) * d..(row * hq + h + 1) * d];
+                    let visible = if causal { qi + 1 } else { kv_len };
+                    let at: Vec<usize> = seq.slots[..visible]
+                        .iter()
+                        .map(|&(p, o)| shape.row_offset(p, h / group, o))
+                        .collect();
+                    let scores: Vec<f64> = at
+                        .iter()
+                        .map(|&a| (0..d).map(|i| qv[i] * k[a + i]).sum::<f64>() * scale)
+                        .collect();
+                    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for i in 0..d {
+                        out.push(at.iter().zip(&w).map(|(&a, wi)| wi * v[a + i]).sum::<f64>() / z);
+                    }
+                    lse.push(m + z.ln());
+                }
+                row += 1;
+            }
+        }
+        (out, lse)
+    }
+}
+
+struct Device {
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    q: CudaSlice<bf16>,
+}
+
+fn upload(gpu: &Gpu, p: &Problem) -> Device {
+    Device {
+        k: gpu.upload(&p.cache.k).unwrap(),
+        v: gpu.upload(&p.cache.v).unwrap(),
+        q: gpu.upload(&p.q).unwrap(),
+    }
+}
+
+/// Runs prefill attention of `p`'s queries over `seqs`; returns (out, lse) from the device.
+fn run_prefill(
+    gpu: &Gpu,
+    p: &Problem,
+    dev: &Device,
+    seqs: &[SeqKv],
+    causal: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let (d, hq, n) = (p.cache.shape.head_dim, p.hq, p.total_q());
+    let table = p.table(seqs).upload(gpu).unwrap();
+    let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
+    let inputs = AttentionInputs {
+        q: dev.q.as_view(),
+        k_cache: dev.k.as_view(),
+        v_cache: dev.v.as_view(),
+        cache: p.cache.shape,
+        table: table.view(),
+        num_q_heads: hq,
+        sm_scale: 1.0 / (d as f32).sqrt(),
+    };
+    let queries = PrefillQueries {
+        indptr: q_indptr.as_view(),
+        max_len: *p.q_lens.iter().max().unwrap(),
+    };
+    let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+    let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+    prefill_attention(gpu, &inputs, &queries, causal, &mut out, Some(&mut lse)).unwrap();
+    let out = wide(&gpu.download(&out).unwrap());
+    let lse = gpu
+        .download(&lse)
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    (out, lse)
+}
+
+fn run_decode(
+    gpu: &Gpu,
+    p: &Problem,
+    dev: &Device,
+    seqs: &[SeqKv],
+    splits: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let (d, hq, n) = (p.cache.shape.head_dim, p.hq, seqs.len());
+    let table = p.table(seqs).upload(gpu).unwrap();
+    let inputs = AttentionInputs {
+        q: dev.q.as_view(),
+        k_cache: dev.k.as_view(),
+        v_cache: dev.v.as_view(),
+        cache: p.cache.shape,
+        table: table.view(),
+        num_q_heads: hq,
+        sm_scale: 1.0 / (d as f32).sqrt(),
+    };
+    let mut ws = DecodeWorkspace::new(gpu, n * hq, splits, d).unwrap();
+    let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+    let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+    decode_attention(
+        gpu,
+        &inputs,
+        splits,
+        Some(&mut ws),
+        &mut out,
+        Some(&mut lse),
+    )
+    .unwrap();
+    let out = wide(&gpu.download(&out).unwrap());
+    let lse = gpu
+        .download(&lse)
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    (out, lse)
+}
+
+/// Builds sequences from segment lengths; queries are each sequence's last `q_len` tokens.
+fn problem(rng: &mut Rng, shape: CacheShape, hq: usize, seqs: &[(&[usize], usize)]) -> Problem {
+    let mut cache = Cache::new(shape, rng);
+    let kv: Vec<SeqKv> = seqs
+        .iter()
+        .map(|(segs, _)| {
+            let parts: Vec<SeqKv> = segs.iter().map(|&n| cache.segment(n, rng)).collect();
+            SeqKv::concat(&parts.iter().collect::<Vec<_>>())
+        })
+        .collect();
+    let q_lens: Vec<usize> = seqs.iter().map(|s| s.1).collect();
+    let total: usize = q_lens.iter().sum();
+    let q = to_bf16(&rng.normals(total * hq * shape.head_dim, 1.0));
+    Problem {
+        hq,
+        cache,
+        seqs: kv,
+        q_lens,
+        q,
+    }
+}
+
+fn shape(d: usize, hkv: usize, ps: usize, pages: usize) -> CacheShape {
+    CacheShape {
+        num_pages: pages,
+        num_kv_heads: hkv,
+        page_size: ps,
+        head_dim: d,
+    }
+}
+
+#[test]
+fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(20);
+    // (head_dim, q heads, kv heads, page size, [(segments, q_len)], causal)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        Vec<(&'static [usize], usize)>,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            128,
+            4,
+            2,
+            16,
+            vec![(&[70], 70), (&[40, 57], 33), (&[5], 5)],
+            true,
+        ),
+        (64, 4, 4, 256, vec![(&[50, 300], 120), (&[600], 1)], true),
+        (32, 8, 2, 16, vec![(&[33, 17, 100], 60), (&[16], 16)], true),
+        (128, 16, 8, 256, vec![(&[300], 300)], true),
+        (64, 4, 2, 16, vec![(&[45, 20], 30), (&[3], 2)], false),
+        (128, 4, 1, 32, vec![(&[77, 9], 50)], true),
+    ];
+    for (d, hq, hkv, ps, seqs, causal) in cases {
+        let pages = seqs
+            .iter()
+            .flat_map(|s| s.0)
+            .map(|n| n.div_ceil(ps))
+            .sum::<usize>()
+            + 3;
+        let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &seqs);
+        let dev = upload(&gpu, &p);
+        let (out, lse) = run_prefill(&gpu, &p, &dev, &p.seqs, causal);
+        let (want, want_lse) = p.reference(&p.seqs, causal);
+        let name = format!("prefill d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
+        assert_close(&name, &out, &want, BF16_TOL);
+        assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+    }
+}
+
+#[test]
+fn decode_matches_reference_with_and_without_split_k() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(21);
+    let segs: Vec<(&[usize], usize)> =
+        vec![(&[37, 100], 1), (&[5], 1), (&[300], 1), (&[16, 16], 1)];
+    for d in [32, 64, 128] {
+        for (hq, hkv) in [(4, 4), (4, 2), (8, 2), (16, 2)] {
+            for ps in [16, 256] {
+                let pages = segs
+                    .iter()
+                    .flat_map(|s| s.0)
+                    .map(|n| n.div_ceil(ps))
+                    .sum::<usize>()
+                    + 2;
+                let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
+                let dev = upload(&gpu, &p);
+                let (want, want_lse) = p.reference(&p.seqs, true);
+                for splits in [1, 3, 8] {
+                    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs, splits);
+                    let name = format!("decode d{d} group{} page{ps} splits{splits}", hq / hkv);
+                    assert_close(&name, &out, &want, BF16_TOL);
+                    assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_long_context_with_automatic_splits() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(22);
+    let (d, hq, hkv, ps) = (128, 16, 8, 16);
+    let segs: Vec<(&[usize], usize)> = vec![(&[3000], 1), (&[1234, 777], 1)];
+    let pages = [3000usize, 1234, 777]
+        .iter()
+        .map(|n| n.div_ceil(ps))
+        .sum::<usize>();
+    let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
+    let splits = num_splits(&gpu, 2, hq, hkv, 3000);
+    assert!(splits > 1, "a batch of 2 should be split, got {splits}");
+    let dev = upload(&gpu, &p);
+    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs, splits);
+    let (want, want_lse) = p.reference(&p.seqs, true);
+    assert_close(
+        &format!("decode 3000 tokens, {splits} splits"),
+        &out,
+        &want,
+        BF16_TOL,
+    );
+    assert_close("decode long lse", &lse, &want_lse, 1e-3);
+}
+
+/// Cascade: the shared prefix is attended once for all queries (no mask), each sequence's own
+/// pages separately (causal), and merge_state gives flat attention back.
+#[test]
+fn cascade_partials_merged_equal_flat_attention() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(23);
+    for (d, hq, hkv, ps, q_lens) in [(128, 4, 2, 16, [5, 33, 1]), (64, 8, 2, 256, [1, 1, 1])] {
+        let mut cache = Cache::new(shape(d, hkv, ps, 40), &mut rng);
+        let prefix = cache.segment(50, &mut rng); // ends in a partial page
+        let own: Vec<SeqKv> = [20, 40, 7]
+            .iter()
+            .map(|&n| cache.segment(n, &mut rng))
+            .collect();
+        let flat: Vec<SeqKv> = own.iter().map(|o| SeqKv::concat(&[&prefix, o])).collect();
+        let total: usize = q_lens.iter().sum();
+        let p = Problem {
+            hq,
+            q: to_bf16(&rng.normals(total * hq * d, 1.0)),
+            cache,
+            seqs: flat.clone(),
+            q_lens: q_lens.to_vec(),
+        };
+        let dev = upload(&gpu, &p);
+        let (want, want_lse) = p.reference(&flat, true);
+
+        // Level 1: one "sequence" holding every query, over the shared pages, unmasked.
+        let shared = Problem {
+            q_lens: vec![total],
+            hq,
+            cache: Cache {
+                shape: p.cache.shape,
+                k: Vec::new(),
+                v: Vec::new(),
+                free: Vec::new(),
+            },
+            seqs: Vec::new(),
+            q: Vec::new(),
+        };
+        let table_a = shared
+            .table(std::slice::from_ref(&prefix))
+            .upload(&gpu)
+            .unwrap();
+        let qa_indptr = gpu.upload(&shared.q_indptr()).unwrap();
+        let inputs = AttentionInputs {
+            q: dev.q.as_view(),
+            k_cache: dev.k.as_view(),
+            v_cache: dev.v.as_view(),
+            cache: p.cache.shape,
+            table: table_a.view(),
+            num_q_heads: hq,
+            sm_scale: 1.0 / (d as f32).sqrt(),
+        };
+        let queries = PrefillQueries {
+            indptr: qa_indptr.as_view(),
+            max_len: total,
+        };
+        let mut o_a = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
+        let mut lse_a = gpu.upload(&poison_f32(total * hq)).unwrap();
+        prefill_attention(&gpu, &inputs, &queries, false, &mut o_a, Some(&mut lse_a)).unwrap();
+
+        // Level 2: each sequence over its own pages, causal (decode when every q_len is 1).
+        let table_b = p.table(&own).upload(&gpu).unwrap();
+        let inputs_b = AttentionInputs {
+            table: table_b.view(),
+            ..inputs
+        };
+        let mut o_b = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
+        let mut lse_b = gpu.upload(&poison_f32(total * hq)).unwrap();
+        if q_lens.iter().all(|&n| n == 1) {
+            decode_attention(&gpu, &inputs_b, 1, None, &mut o_b, Some(&mut lse_b)).unwrap();
+        } else {
+            let qb_indptr = gpu.upload(&p.q_indptr()).unwrap();
+            let queries_b = PrefillQueries {
+                indptr: qb_indptr.as_view(),
+                max_len: *q_lens.iter().max().unwrap(),
+            };
+            prefill_attention(
+                &gpu,
+                &inputs_b,
+                &queries_b,
+                true,
+                &mut o_b,
+                Some(&mut lse_b),
+            )
+            .unwrap();
+        }
+
+        let mut o = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
+        let mut lse = gpu.upload(&poison_f32(total * hq)).unwrap();
+        let a = PartialState {
+            o: o_a.as_view(),
+            lse: lse_a.as_view(),
+        };
+        let b = PartialState {
+            o: o_b.as_view(),
+            lse: lse_b.as_view(),
+        };
+        merge_state(&gpu, &a, &b, &mut o, Some(&mut lse), total * hq, d).unwrap();
+        let out = wide(&gpu.download(&o).unwrap());
+        let out_lse: Vec<f64> = gpu
+            .download(&lse)
+            .unwrap()
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let name = format!("cascade d{d} page{ps} q_lens {q_lens:?}");
+        assert_close(&name, &out, &want, BF16_TOL);
+        assert_close(&format!("{name} lse"), &out_lse, &want_lse, 1e-3);
+
+        let (flat_out, _) = run_prefill(&gpu, &p, &dev, &flat, true);
+        assert_close(&format!("{name} vs flat kernel"), &out, &flat_out, BF16_TOL);
+    }
+}
+
+#[test]
+fn attention_refuses_unsupported_shapes() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(24);
+    let p = problem(&mut rng, shape(64, 2, 24, 4), 4, &[(&[10], 1)]);
+    let dev = upload(&gpu, &p);
+    let table = p.table(&p.seqs).upload(&gpu).unwrap();
+    let inputs = AttentionInputs {
+        q: dev.q.as_view(),
+        k_cache: dev.k.as_view(),
+        v_cache: dev.v.as_view(),
+        cache: p.cache.shape,
+        table: table.view(),
+        num_q_heads: 4,
+        sm_scale: 0.125,
+    };
+    let mut out = gpu.upload(&poison_bf16(4 * 64)).unwrap();
+    let err = decode_attention(&gpu, &inputs, 1, None, &mut out, None).unwrap_err();
+    assert!(err.to_string().contains("power of two"), "{err}");
+    let err = decode_attention(
+        &gpu,
+        &AttentionInputs {
+            num_q_heads: 3,
+            cache: shape(64, 2, 16, 4),
+            ..inputs
+        },
+        1,
+        None,
+        &mut out,
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("evenly"), "{err}");
+}

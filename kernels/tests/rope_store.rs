@@ -1,0 +1,139 @@
+//! q/k RMSNorm + RoPE + paged K/V store against a CPU reference, and a check that nothing but
+//! the given slots of the cache is written.
+
+mod common;
+
+use common::*;
+use kernels::paged::CacheShape;
+use kernels::rope::{RopeStore, qk_norm_rope_store};
+
+/// Reference of one head: optional RMSNorm, then rotate_half RoPE (or neither, for v).
+fn reference_head(x: &[f64], w: Option<&[f64]>, pos: f64, theta: f64, rotate: bool) -> Vec<f64> {
+    let d = x.len();
+    let mut y = x.to_vec();
+    if let Some(w) = w {
+        let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-6).sqrt();
+        y = x.iter().zip(w).map(|(v, g)| v * inv * g).collect();
+    }
+    if !rotate {
+        return y;
+    }
+    let half = d / 2;
+    let mut out = vec![0.0; d];
+    for p in 0..half {
+        let angle = pos * theta.powf(-2.0 * p as f64 / d as f64);
+        let (s, c) = angle.sin_cos();
+        out[p] = y[p] * c - y[p + half] * s;
+        out[p + half] = y[p + half] * c + y[p] * s;
+    }
+    out
+}
+
+#[test]
+fn rope_store_matches_reference_for_each_head_dim() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(10);
+    // (head_dim, q heads, kv heads, page size, with q/k norm)
+    for (d, hq, hkv, ps, with_norm) in [
+        (128, 16, 8, 16, true),
+        (64, 4, 2, 256, true),
+        (32, 4, 1, 16, false),
+    ] {
+        let shape = CacheShape {
+            num_pages: 6,
+            num_kv_heads: hkv,
+            page_size: ps,
+            head_dim: d,
+        };
+        let t = 21;
+        let heads = hq + 2 * hkv;
+        let theta = 1_000_000.0f32;
+        let qkv = to_bf16(&rng.normals(t * heads * d, 1.0));
+        let positions: Vec<i32> = (0..t).map(|_| rng.below(5000) as i32).collect();
+        let mut all_slots: Vec<(i32, i32)> = (0..shape.num_pages * ps)
+            .map(|s| ((s / ps) as i32, (s % ps) as i32))
+            .collect();
+        rng.shuffle(&mut all_slots);
+        let mut slots: Vec<(i32, i32)> = all_slots[..t].to_vec();
+        slots[3] = (-1, 0); // a padding token: its K/V go nowhere
+        let flat_slots: Vec<i32> = slots.iter().flat_map(|&(p, o)| [p, o]).collect();
+        let qn = to_bf16(&rng.normals(d, 0.5));
+        let kn = to_bf16(&rng.normals(d, 0.5));
+
+        let d_qkv = gpu.upload(&qkv).unwrap();
+        let d_pos = gpu.upload(&positions).unwrap();
+        let d_slots = gpu.upload(&flat_slots).unwrap();
+        let (d_qn, d_kn) = (gpu.upload(&qn).unwrap(), gpu.upload(&kn).unwrap());
+        let mut d_q = gpu.upload(&poison_bf16(t * hq * d)).unwrap();
+        let mut d_k = gpu.upload(&poison_bf16(shape.elements())).unwrap();
+        let mut d_v = gpu.upload(&poison_bf16(shape.elements())).unwrap();
+        let args = RopeStore {
+            positions: d_pos.as_view(),
+            slots: d_slots.as_view(),
+            q_norm: with_norm.then(|| d_qn.as_view()),
+            k_norm: with_norm.then(|| d_kn.as_view()),
+            num_q_heads: hq,
+            rope_theta: theta,
+            norm_eps: 1e-6,
+        };
+        qk_norm_rope_store(&gpu, &d_qkv, &args, shape, &mut d_q, &mut d_k, &mut d_v).unwrap();
+        let q = wide(&gpu.download(&d_q).unwrap());
+        let k = gpu.download(&d_k).unwrap();
+        let v = gpu.download(&d_v).unwrap();
+
+        let x = wide(&qkv);
+        let (qnw, knw) = (wide(&qn), wide(&kn));
+        let head = |tok: usize, h: usize| &x[(tok * heads + h) * d..(tok * heads + h + 1) * d];
+        let mut q_ref = Vec::new();
+        let (mut kv_got, mut kv_ref) = (Vec::new(), Vec::new());
+        let mut written = vec![false; shape.elements()];
+        for tok in 0..t {
+            let pos = positions[tok] as f64;
+            for h in 0..hq {
+                let w = with_norm.then_some(qnw.as_slice());
+                q_ref.extend(reference_head(head(tok, h), w, pos, theta as f64, true));
+            }
+            let (page, off) = slots[tok];
+            if page < 0 {
+                continue;
+            }
+            for kh in 0..hkv {
+                let at = shape.row_offset(page as usize, kh, off as usize);
+                let w = with_norm.then_some(knw.as_slice());
+                kv_ref.extend(reference_head(
+                    head(tok, hq + kh),
+                    w,
+                    pos,
+                    theta as f64,
+                    true,
+                ));
+                kv_got.extend(wide(&k[at..at + d]));
+                kv_ref.extend(reference_head(
+                    head(tok, hq + hkv + kh),
+                    None,
+                    pos,
+                    0.0,
+                    false,
+                ));
+                kv_got.extend(wide(&v[at..at + d]));
+                written[at..at + d].iter_mut().for_each(|w| *w = true);
+            }
+        }
+        assert_close(&format!("rope q d{d}"), &q, &q_ref, BF16_TOL);
+        assert_close(&format!("rope stored k/v d{d}"), &kv_got, &kv_ref, BF16_TOL);
+        for (i, &w) in written.iter().enumerate() {
+            if !w {
+                assert_eq!(
+                    k[i].to_bits(),
+                    0x7fc1,
+                    "K element {i} written outside the slots"
+                );
+                assert_eq!(
+                    v[i].to_bits(),
+                    0x7fc1,
+                    "V element {i} written outside the slots"
+                );
+            }
+        }
+    }
+}
