@@ -7,7 +7,9 @@
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use phase1::{BlockTable, KvPool};
-use phase2::{CpuRunner, ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights};
+use phase2::{
+    CpuRunner, ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights,
+};
 use std::hint::black_box;
 
 const CONTEXT: usize = 128;
@@ -31,14 +33,19 @@ fn prefill_batch(pool: &mut KvPool, batch: usize) -> ForwardBatch {
             table.append_tokens(pool, CONTEXT).unwrap();
             ForwardSeq {
                 seq_id: i as u64,
-                tokens: (0..CONTEXT as u32).map(|t| (t * 7 + i as u32) % 2048).collect(),
+                tokens: (0..CONTEXT as u32)
+                    .map(|t| (t * 7 + i as u32) % 2048)
+                    .collect(),
                 start_pos: 0,
                 kv: vec![table],
                 sample: Some(SampleSpec::greedy()),
             }
         })
         .collect();
-    ForwardBatch { seqs, shared: vec![] }
+    ForwardBatch {
+        seqs,
+        shared: vec![],
+    }
 }
 
 fn forward(c: &mut Criterion) {

@@ -139,7 +139,10 @@ pub fn attend_segment(
                     let head = kv_head * group + g;
                     for t in 0..n {
                         // Keys this query may see in this page (causal mask).
-                        let seen = queries.visible[t].saturating_add(1).saturating_sub(first).min(filled);
+                        let seen = queries.visible[t]
+                            .saturating_add(1)
+                            .saturating_sub(first)
+                            .min(filled);
                         if seen == 0 {
                             continue;
                         }

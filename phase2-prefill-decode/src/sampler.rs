@@ -50,17 +50,19 @@ pub fn sample(logits: &[f32], spec: &SampleSpec) -> TokenId {
     let weight = |x: f32| ((x - max) / spec.temperature).exp();
     let threshold = keep_threshold(logits, spec, max);
 
-    let kept_mass: f32 = logits
+    // Sums in f64: over a 150k-token vocabulary f32 running sums drift by ~1e-4, enough to
+    // move a draw to a neighbouring token.
+    let kept_mass: f64 = logits
         .iter()
         .filter(|&&x| x >= threshold)
-        .map(|&x| weight(x))
+        .map(|&x| weight(x) as f64)
         .sum();
-    let target = uniform(spec.seed, spec.step) * kept_mass;
-    let mut cumulative = 0.0;
+    let target = uniform(spec.seed, spec.step) as f64 * kept_mass;
+    let mut cumulative = 0.0f64;
     let mut last_kept = 0;
     for (i, &x) in logits.iter().enumerate() {
         if x >= threshold {
-            cumulative += weight(x);
+            cumulative += weight(x) as f64;
             last_kept = i;
             if target < cumulative {
                 return i as TokenId;
@@ -86,15 +88,15 @@ fn keep_threshold(logits: &[f32], spec: &SampleSpec, max: f32) -> f32 {
     }
     if spec.top_p < 1.0 {
         // Top-p over the top-k survivors: the shortest head whose probability reaches top_p.
-        let weights: Vec<f32> = sorted
+        let weights: Vec<f64> = sorted
             .iter()
-            .map(|&x| ((x - max) / spec.temperature).exp())
+            .map(|&x| ((x - max) / spec.temperature).exp() as f64)
             .collect();
-        let total: f32 = weights.iter().sum();
+        let total: f64 = weights.iter().sum();
         let mut mass = 0.0;
         for (i, w) in weights.iter().enumerate() {
             mass += w / total;
-            if mass >= spec.top_p {
+            if mass >= spec.top_p as f64 {
                 sorted.truncate(i + 1);
                 break;
             }

@@ -13,11 +13,20 @@ const TOL: f32 = 1e-4;
 
 /// Runs `pieces` of `prompt` through the runner one step each (the last samples) and returns
 /// the final logits.
-fn run_pieces(runner: &mut CpuRunner, pool: &mut KvPool, prompt: &[u32], cuts: &[usize]) -> Vec<f32> {
+fn run_pieces(
+    runner: &mut CpuRunner,
+    pool: &mut KvPool,
+    prompt: &[u32],
+    cuts: &[usize],
+) -> Vec<f32> {
     let mut table = BlockTable::new();
     let mut start = 0;
     let mut logits = Vec::new();
-    let mut bounds: Vec<usize> = cuts.iter().copied().filter(|&c| c > 0 && c < prompt.len()).collect();
+    let mut bounds: Vec<usize> = cuts
+        .iter()
+        .copied()
+        .filter(|&c| c > 0 && c < prompt.len())
+        .collect();
     bounds.sort_unstable();
     bounds.dedup();
     bounds.push(prompt.len());
@@ -155,16 +164,69 @@ fn bad_batches_are_errors_not_panics() {
     let mut runner = CpuRunner::new(small_model(5), 4, 4);
     let mut table = BlockTable::new();
     table.append_tokens(&mut pool, 3).unwrap();
-    let seq = ForwardSeq { seq_id: 7, tokens: vec![1, 2, 3], start_pos: 0, kv: vec![table.clone()], sample: None };
-    let check = |runner: &mut CpuRunner, seq: ForwardSeq, shared: Vec<SharedSegment>, expect: &str| {
-        let err = runner.forward(&ForwardBatch { seqs: vec![seq], shared }).unwrap_err().to_string();
-        assert!(err.contains(expect), "{err:?} should mention {expect:?}");
+    let seq = ForwardSeq {
+        seq_id: 7,
+        tokens: vec![1, 2, 3],
+        start_pos: 0,
+        kv: vec![table.clone()],
+        sample: None,
     };
-    check(&mut runner, ForwardSeq { start_pos: 1, ..seq.clone() }, vec![], "expected 4");
-    check(&mut runner, ForwardSeq { tokens: vec![1, 2, 999], ..seq.clone() }, vec![], "outside the vocabulary");
-    check(&mut runner, ForwardSeq { kv: vec![BlockTable::from_pages(vec![9], 3)], ..seq.clone() }, vec![], "page 9");
-    check(&mut runner, ForwardSeq { kv: vec![], ..seq.clone() }, vec![], "no KV segment");
-    check(&mut runner, seq.clone(), vec![SharedSegment { seqs: vec![0], segment: 0 }], "cannot be shared");
+    let check =
+        |runner: &mut CpuRunner, seq: ForwardSeq, shared: Vec<SharedSegment>, expect: &str| {
+            let err = runner
+                .forward(&ForwardBatch {
+                    seqs: vec![seq],
+                    shared,
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expect), "{err:?} should mention {expect:?}");
+        };
+    check(
+        &mut runner,
+        ForwardSeq {
+            start_pos: 1,
+            ..seq.clone()
+        },
+        vec![],
+        "expected 4",
+    );
+    check(
+        &mut runner,
+        ForwardSeq {
+            tokens: vec![1, 2, 999],
+            ..seq.clone()
+        },
+        vec![],
+        "outside the vocabulary",
+    );
+    check(
+        &mut runner,
+        ForwardSeq {
+            kv: vec![BlockTable::from_pages(vec![9], 3)],
+            ..seq.clone()
+        },
+        vec![],
+        "page 9",
+    );
+    check(
+        &mut runner,
+        ForwardSeq {
+            kv: vec![],
+            ..seq.clone()
+        },
+        vec![],
+        "no KV segment",
+    );
+    check(
+        &mut runner,
+        seq.clone(),
+        vec![SharedSegment {
+            seqs: vec![0],
+            segment: 0,
+        }],
+        "cannot be shared",
+    );
     let long = ForwardSeq {
         tokens: vec![1; 600],
         kv: vec![BlockTable::from_pages(vec![0; 150], 600)],

@@ -20,7 +20,10 @@ fn a_written_checkpoint_loads_and_runs_like_the_weights_in_memory() {
     let config = ModelConfig::from_json(SMALL_CONFIG_JSON, &dir).unwrap();
     let in_memory = Model::from_weights(config, &Weights::random(&from_disk.config, 11)).unwrap();
     let prompt = [5, 6, 7, 8];
-    assert_eq!(greedy(from_disk, &prompt, 6, 4), greedy(in_memory, &prompt, 6, 4));
+    assert_eq!(
+        greedy(from_disk, &prompt, 6, 4),
+        greedy(in_memory, &prompt, 6, 4)
+    );
     let tok = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.eos_token_ids(), &[0]);
 }
@@ -36,7 +39,12 @@ fn sharded_checkpoints_load_through_their_index() {
     let mut shards: [Vec<(String, safetensors::tensor::TensorView)>; 2] = [Vec::new(), Vec::new()];
     for (i, name) in names.iter().enumerate() {
         let t = w.tensor(name).unwrap();
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, t.shape.to_vec(), t.data).unwrap();
+        let view = safetensors::tensor::TensorView::new(
+            safetensors::Dtype::BF16,
+            t.shape.to_vec(),
+            t.data,
+        )
+        .unwrap();
         let shard = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);
         map.insert(name.clone(), serde_json::Value::String(shard));
         shards[i % 2].push((name.clone(), view));
@@ -58,46 +66,86 @@ fn sharded_checkpoints_load_through_their_index() {
 fn every_broken_folder_names_its_file_and_fault() {
     let empty = temp_dir("empty");
     let err = load_err(&empty);
-    assert!(err.contains("config.json") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("No such file"),
+        "{err}"
+    );
 
     let bad_json = write_random_checkpoint("badjson", SMALL_CONFIG_JSON, 1);
     std::fs::write(bad_json.join("config.json"), "{ not json").unwrap();
     let err = load_err(&bad_json);
-    assert!(err.contains("config.json") && err.contains("bad JSON"), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("bad JSON"),
+        "{err}"
+    );
 
     let gpt = write_random_checkpoint("arch", SMALL_CONFIG_JSON, 1);
-    std::fs::write(gpt.join("config.json"), SMALL_CONFIG_JSON.replace("Qwen3ForCausalLM", "GPT2LMHeadModel")).unwrap();
+    std::fs::write(
+        gpt.join("config.json"),
+        SMALL_CONFIG_JSON.replace("Qwen3ForCausalLM", "GPT2LMHeadModel"),
+    )
+    .unwrap();
     let err = load_err(&gpt);
-    assert!(err.contains("config.json") && err.contains("unknown architecture \"GPT2LMHeadModel\""), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("unknown architecture \"GPT2LMHeadModel\""),
+        "{err}"
+    );
 
     let no_weights = write_random_checkpoint("noweights", SMALL_CONFIG_JSON, 1);
     std::fs::remove_file(no_weights.join("model.safetensors")).unwrap();
     let err = load_err(&no_weights);
-    assert!(err.contains("model.safetensors") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("missing"),
+        "{err}"
+    );
 
     // Weights of a smaller model: the first tensor it checks has the wrong shape.
     let misshapen = write_random_checkpoint("shape", SMALL_CONFIG_JSON, 1);
     let wider = SMALL_CONFIG_JSON.replace("\"hidden_size\":64", "\"hidden_size\":96");
     std::fs::write(misshapen.join("config.json"), wider).unwrap();
     let err = load_err(&misshapen);
-    assert!(err.contains("model.safetensors") && err.contains("has shape") && err.contains("expected"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("has shape") && err.contains("expected"),
+        "{err}"
+    );
 
     // Qwen2 expects q/k/v biases that a Qwen3 checkpoint does not have.
     let missing = write_random_checkpoint("missing", SMALL_CONFIG_JSON, 1);
-    std::fs::write(missing.join("config.json"), SMALL_CONFIG_JSON.replace("Qwen3ForCausalLM", "Qwen2ForCausalLM")).unwrap();
+    std::fs::write(
+        missing.join("config.json"),
+        SMALL_CONFIG_JSON.replace("Qwen3ForCausalLM", "Qwen2ForCausalLM"),
+    )
+    .unwrap();
     let err = load_err(&missing);
-    assert!(err.contains("missing tensor model.layers.0.self_attn.q_proj.bias"), "{err}");
+    assert!(
+        err.contains("missing tensor model.layers.0.self_attn.q_proj.bias"),
+        "{err}"
+    );
 
     let int_dtype = write_random_checkpoint("dtype", SMALL_CONFIG_JSON, 1);
     let data = vec![0u8; 16];
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![4], &data).unwrap();
-    safetensors::serialize_to_file(vec![("model.norm.weight", view)], None, &int_dtype.join("model.safetensors")).unwrap();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![4], &data).unwrap();
+    safetensors::serialize_to_file(
+        vec![("model.norm.weight", view)],
+        None,
+        &int_dtype.join("model.safetensors"),
+    )
+    .unwrap();
     let err = load_err(&int_dtype);
-    assert!(err.contains("model.safetensors") && err.contains("model.norm.weight") && err.contains("I32"), "{err}");
+    assert!(
+        err.contains("model.safetensors")
+            && err.contains("model.norm.weight")
+            && err.contains("I32"),
+        "{err}"
+    );
 
     let no_tok = temp_dir("notok");
     let err = Tokenizer::from_dir(&no_tok).err().unwrap().to_string();
-    assert!(err.contains("tokenizer.json") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("tokenizer.json") && err.contains("missing"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -110,7 +158,10 @@ fn tokenizer_round_trip_chat_template_and_streaming() {
     assert_eq!(tok.eos_token_ids(), &[0, 2], "<|endoftext|> and <|im_end|>");
 
     let chat = tok.apply_chat_template(&[ChatMessage::new("user", "Speak.")], true);
-    assert_eq!(chat, "<|im_start|>user\nSpeak.<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        chat,
+        "<|im_start|>user\nSpeak.<|im_end|>\n<|im_start|>assistant\n"
+    );
     let chat_ids = tok.encode(&chat).unwrap();
     assert_eq!(chat_ids[0], tok.token_to_id("<|im_start|>").unwrap());
 

@@ -95,7 +95,9 @@ pub fn write_random_checkpoint(tag: &str, config_json: &str, seed: u64) -> PathB
     let dir = temp_dir(tag);
     std::fs::write(dir.join("config.json"), config_json).unwrap();
     let config = ModelConfig::from_json(config_json, &dir.join("config.json")).unwrap();
-    Weights::random(&config, seed).save(&dir.join("model.safetensors")).unwrap();
+    Weights::random(&config, seed)
+        .save(&dir.join("model.safetensors"))
+        .unwrap();
     let tiny = models_dir().join("tiny-shakespeare");
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(tiny.join(f), dir.join(f)).unwrap();
