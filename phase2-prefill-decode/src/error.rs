@@ -18,6 +18,9 @@ pub enum Error {
     /// A batch the runner cannot execute (wrong page counts, positions past the model's limit).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// A failure of the compute device (a CUDA call, a kernel compile, device memory).
+    #[error("device: {0}")]
+    Device(String),
     #[error(transparent)]
     Request(#[from] phase0::Error),
     #[error(transparent)]

@@ -148,3 +148,30 @@ pub trait ModelRunner {
             .collect())
     }
 }
+
+/// A boxed runner is a runner, so an engine can hold "the CPU or the CUDA runner".
+impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
+    fn kv_layout(&self) -> KvLayout {
+        (**self).kv_layout()
+    }
+
+    fn num_pages(&self) -> usize {
+        (**self).num_pages()
+    }
+
+    fn page_size(&self) -> usize {
+        (**self).page_size()
+    }
+
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
+        (**self).forward(batch)
+    }
+
+    fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
+        (**self).forward_sample(batch)
+    }
+}
