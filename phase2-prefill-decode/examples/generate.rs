@@ -3,7 +3,6 @@
 //!
 //! `cargo run --release -p phase2 --example generate -- "ROMEO:" "JULIET:"`
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use phase0::{Request, SamplingParams, Sequence};
@@ -14,10 +13,7 @@ use phase2::{
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::env::var_os("NANO_SERVING_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-        .join("tiny-shakespeare");
+    let dir = phase2::default_model_dir();
     let mut prompts: Vec<String> = std::env::args().skip(1).collect();
     if prompts.is_empty() {
         prompts = vec!["ROMEO:".into(), "JULIET:\nO Romeo".into()];

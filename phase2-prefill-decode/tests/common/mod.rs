@@ -10,12 +10,7 @@ use phase2::{
     CpuRunner, ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights,
 };
 
-/// The `models/` folder: `NANO_SERVING_MODELS` if set, else the repository's.
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("NANO_SERVING_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-}
+pub use phase2::models_dir;
 
 /// A small Qwen3 config for fast tests.
 pub fn small_config() -> ModelConfig {
