@@ -36,7 +36,7 @@ fn run(model: &Model, chunk_size: usize) -> (f64, f64, f64) {
     for id in 0..SHORT as u64 {
         s.add(request(id, 16, 40));
     }
-    let mut last_token = vec![None::<Instant>; SHORT];
+    let mut last_token = [None::<Instant>; SHORT];
     let mut gaps = Vec::new();
     let start = Instant::now();
     let mut step = 0;
