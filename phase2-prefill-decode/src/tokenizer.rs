@@ -130,24 +130,13 @@ impl Tokenizer {
         }
         s
     }
-
-    /// A decoder that turns a stream of ids into text pieces.
-    pub fn stream_decoder(&self, skip_special: bool) -> StreamDecoder<'_> {
-        StreamDecoder {
-            tokenizer: self,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-            skip_special,
-        }
-    }
 }
 
 /// Incremental detokenisation: a byte-level BPE token may hold half of a UTF-8 character, so
 /// the text of the new tokens is emitted only once it decodes cleanly (no U+FFFD at its end).
 /// Decoding a short window before the new tokens keeps leading spaces right.
-pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+#[derive(Debug, Clone, Default)]
+pub struct StreamDecoder {
     ids: Vec<u32>,
     /// Start of the window decoded for context.
     prefix: usize,
@@ -156,16 +145,19 @@ pub struct StreamDecoder<'a> {
     skip_special: bool,
 }
 
-impl StreamDecoder<'_> {
+impl StreamDecoder {
+    pub fn new(skip_special: bool) -> Self {
+        Self {
+            skip_special,
+            ..Self::default()
+        }
+    }
+
     /// Adds one token; returns the text it completes (possibly empty).
-    pub fn push(&mut self, id: u32) -> Result<String, Error> {
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, Error> {
         self.ids.push(id);
-        let before = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..self.read], self.skip_special)?;
-        let now = self
-            .tokenizer
-            .decode(&self.ids[self.prefix..], self.skip_special)?;
+        let before = tokenizer.decode(&self.ids[self.prefix..self.read], self.skip_special)?;
+        let now = tokenizer.decode(&self.ids[self.prefix..], self.skip_special)?;
         if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.starts_with(&before) {
             let piece = now[before.len()..].to_string();
             self.prefix = self.read;

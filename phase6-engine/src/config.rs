@@ -1,0 +1,180 @@
+//! The engine's configuration, with the reference defaults users know from nano-vllm / vLLM.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The first CUDA device if this build has CUDA and one is present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| Error::InvalidConfig(format!("device {s:?}: expected auto, cpu, cuda or cuda:N"))),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Engine settings. `Config::default()` is the reference configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Most tokens computed in one step (prefill chunks and decodes together).
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Longest prompt + output; clamped to the model's `max_position_embeddings`.
+    pub max_model_len: usize,
+    /// Fraction of GPU memory the engine may take (weights, activations, KV).
+    pub gpu_memory_utilization: f32,
+    /// Only 1 is supported: nano-serving runs one GPU per engine.
+    pub tensor_parallel_size: usize,
+    /// Run decode without CUDA graphs (for debugging).
+    pub enforce_eager: bool,
+    /// Tokens per KV page; a multiple of 16.
+    pub kvcache_block_size: usize,
+    /// KV pages to allocate; -1 sizes them from memory.
+    pub num_kvcache_blocks: i64,
+    pub device: Device,
+    /// KV memory on the CPU when `num_kvcache_blocks` is -1.
+    pub cpu_kv_cache_bytes: usize,
+    /// Most prompt tokens a request gets per step; `None` prefills prompts whole.
+    pub chunked_prefill_size: Option<usize>,
+    /// Reuse the K/V of earlier requests' prefixes (radix cache).
+    pub enable_prefix_caching: bool,
+    /// Seed for requests that bring none; `None` draws one at start.
+    pub seed: Option<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 16384,
+            max_num_seqs: 512,
+            max_model_len: 4096,
+            gpu_memory_utilization: 0.9,
+            tensor_parallel_size: 1,
+            enforce_eager: false,
+            kvcache_block_size: 256,
+            num_kvcache_blocks: -1,
+            device: Device::Auto,
+            cpu_kv_cache_bytes: 1 << 30,
+            chunked_prefill_size: Some(2048),
+            enable_prefix_caching: true,
+            seed: None,
+        }
+    }
+}
+
+impl Config {
+    /// Refuses settings that cannot work, with the field and the reason.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |s: String| Err(Error::InvalidConfig(s));
+        if self.kvcache_block_size == 0 || !self.kvcache_block_size.is_multiple_of(16) {
+            return bad(format!(
+                "kvcache_block_size = {}: must be a positive multiple of 16",
+                self.kvcache_block_size
+            ));
+        }
+        if self.tensor_parallel_size != 1 {
+            return bad(format!(
+                "tensor_parallel_size = {}: only 1 is supported (one GPU per engine)",
+                self.tensor_parallel_size
+            ));
+        }
+        if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
+            return bad(format!(
+                "gpu_memory_utilization = {}: must be in (0, 1]",
+                self.gpu_memory_utilization
+            ));
+        }
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
+            return bad("max_num_seqs and max_num_batched_tokens must be at least 1".into());
+        }
+        if self.max_model_len < 2 {
+            return bad(format!("max_model_len = {}: must be at least 2", self.max_model_len));
+        }
+        if self.num_kvcache_blocks == 0 || self.num_kvcache_blocks < -1 {
+            return bad(format!(
+                "num_kvcache_blocks = {}: must be -1 (from memory) or positive",
+                self.num_kvcache_blocks
+            ));
+        }
+        if self.chunked_prefill_size == Some(0) {
+            return bad("chunked_prefill_size must be at least 1".into());
+        }
+        if self.chunked_prefill_size.is_none() && self.max_num_batched_tokens < self.max_model_len {
+            return bad(format!(
+                "without chunked prefill, max_num_batched_tokens ({}) must hold a whole prompt of max_model_len ({})",
+                self.max_num_batched_tokens, self.max_model_len
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_reference_ones_and_valid() {
+        let c = Config::default();
+        assert_eq!((c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len), (16384, 512, 4096));
+        assert_eq!((c.gpu_memory_utilization, c.tensor_parallel_size, c.enforce_eager), (0.9, 1, false));
+        assert_eq!((c.kvcache_block_size, c.num_kvcache_blocks, c.device), (256, -1, Device::Auto));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let check = |c: Config, field: &str| {
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        };
+        check(Config { kvcache_block_size: 24, ..Config::default() }, "kvcache_block_size = 24");
+        check(Config { kvcache_block_size: 0, ..Config::default() }, "kvcache_block_size");
+        check(Config { tensor_parallel_size: 2, ..Config::default() }, "tensor_parallel_size = 2");
+        check(Config { gpu_memory_utilization: 1.5, ..Config::default() }, "gpu_memory_utilization");
+        check(Config { num_kvcache_blocks: -5, ..Config::default() }, "num_kvcache_blocks = -5");
+        check(Config { max_num_seqs: 0, ..Config::default() }, "max_num_seqs");
+        let no_chunk = Config { chunked_prefill_size: None, max_num_batched_tokens: 1024, ..Config::default() };
+        check(no_chunk, "max_num_batched_tokens (1024)");
+        Config { kvcache_block_size: 48, ..Config::default() }.validate().unwrap();
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::Cuda(1));
+        assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert!("tpu".parse::<Device>().is_err());
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+    }
+}
