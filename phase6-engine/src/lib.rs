@@ -1,5 +1,21 @@
 //! Chapter 6: the engine.
 //!
-//! The public face of nano-serving: `LLM` (generate, add_request / step, streaming) over the
+//! The public face of nano-serving: [`LLM`] (generate, the step API, streaming) over the
 //! continuous-batching engine of chapter 5, the chunk API with cascade attention, direct
 //! inference from KV blocks, the `nanoserve` command line, and the CUDA runner.
+
+mod config;
+mod error;
+mod llm;
+mod prompt;
+mod runner_select;
+mod stream;
+
+pub use config::{Config, Device};
+pub use error::Error;
+pub use llm::LLM;
+pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
+pub use phase2::ChatMessage;
+pub use prompt::{Output, ParamsList, Prompt};
+pub use runner_select::{Runner, build_runner, cpu_runner};
+pub use stream::{StreamPiece, TokenStream};

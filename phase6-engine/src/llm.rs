@@ -1,0 +1,284 @@
+//! `LLM`: the engine's public API, in the shape nano-vllm and vLLM users know.
+//!
+//! `generate` takes prompts (text or token ids) and sampling params (one for all, or one per
+//! prompt) and returns one output per prompt, in order. The step API (`add_request`, `step`,
+//! `is_finished`, `abort`) exposes the loop underneath for callers that interleave requests,
+//! and `generate_stream` yields text as it is produced. Everything runs on the continuous-
+//! batching engine of chapter 5 over the runner the config chose.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use phase0::{SamplingParams, SeqId, TokenId};
+use phase2::{ChatMessage, ModelConfig, ModelRunner, Tokenizer, Weights};
+use phase5::{Batching, Engine, FinishedRequest, SchedulerConfig, StepOutput, StreamEvent};
+
+use crate::config::{Config, Device};
+use crate::error::Error;
+use crate::prompt::{Output, ParamsList, Prompt};
+use crate::runner_select::build_runner;
+use crate::stream::TokenStream;
+
+pub struct LLM {
+    engine: Engine<Box<dyn ModelRunner>>,
+    tokenizer: Option<Tokenizer>,
+    config: Config,
+    model_config: ModelConfig,
+    device: Device,
+    startup: String,
+    /// Requests that finished while `generate` or a stream was stepping for its own requests:
+    /// they belong to the next `step` caller.
+    held: Vec<FinishedRequest>,
+}
+
+impl LLM {
+    /// Loads a Hugging Face model folder (config, safetensors, tokenizer) and starts the engine.
+    pub fn new(model_dir: impl AsRef<Path>, config: Config) -> Result<Self, Error> {
+        let dir = model_dir.as_ref();
+        config.validate()?;
+        let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        Self::with_weights(model_config, &weights, Some(tokenizer), config)
+    }
+
+    /// Starts the engine on weights at hand (e.g. random weights of a published
+    /// architecture); without a tokenizer, prompts must be token ids.
+    pub fn with_weights(
+        model_config: ModelConfig,
+        weights: &Weights,
+        tokenizer: Option<Tokenizer>,
+        mut config: Config,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        config.max_model_len = config.max_model_len.min(model_config.max_position_embeddings);
+        let mut eos = model_config.eos_token_ids.clone();
+        if let Some(t) = &tokenizer {
+            eos.extend_from_slice(t.eos_token_ids());
+        }
+        eos.sort_unstable();
+        eos.dedup();
+        let runner = build_runner(model_config.clone(), weights, &config)?;
+        let scheduler = SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            chunk_size: config.chunked_prefill_size,
+            enable_prefix_cache: config.enable_prefix_caching,
+            batching: Batching::Continuous,
+            max_model_len: config.max_model_len,
+        };
+        let seed = config.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        let startup = format!(
+            "{}; {} parameters; max_model_len {}",
+            runner.report,
+            model_config.num_parameters(),
+            config.max_model_len
+        );
+        Ok(Self {
+            engine: Engine::new(runner.runner, scheduler, eos, seed)?,
+            tokenizer,
+            device: runner.device,
+            config,
+            model_config,
+            startup,
+            held: Vec::new(),
+        })
+    }
+
+    /// What the engine took at start: device, KV pages and tokens, memory.
+    pub fn startup_report(&self) -> &str {
+        &self.startup
+    }
+
+    /// The config in force (`max_model_len` clamped to the model).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model_config
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn engine(&self) -> &Engine<Box<dyn ModelRunner>> {
+        &self.engine
+    }
+
+    pub fn engine_mut(&mut self) -> &mut Engine<Box<dyn ModelRunner>> {
+        &mut self.engine
+    }
+
+    fn require_tokenizer(&self) -> Result<&Tokenizer, Error> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into()))
+    }
+
+    /// Token ids of a prompt.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<TokenId>, Error> {
+        match prompt {
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Text(text) => Ok(self.require_tokenizer()?.encode(text)?),
+        }
+    }
+
+    /// Text of generated ids (special tokens left out); empty without a tokenizer.
+    pub fn decode(&self, ids: &[TokenId]) -> Result<String, Error> {
+        match &self.tokenizer {
+            Some(t) => Ok(t.decode(ids, true)?),
+            None => Ok(String::new()),
+        }
+    }
+
+    /// A conversation rendered with the model's chat markers, ending with the assistant's turn.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, Error> {
+        Ok(self.require_tokenizer()?.apply_chat_template(messages, true))
+    }
+
+    /// Queues a request; it runs in the next steps.
+    pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: SamplingParams) -> Result<SeqId, Error> {
+        let ids = self.encode(&prompt.into())?;
+        Ok(self.engine.add_request(ids, params)?)
+    }
+
+    /// Queues a request and returns a channel of its tokens and finish reason.
+    pub fn add_request_streaming(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<(SeqId, Receiver<StreamEvent>), Error> {
+        let ids = self.encode(&prompt.into())?;
+        Ok(self.engine.add_request_streaming(ids, params)?)
+    }
+
+    /// Runs one step. Returns the requests that finished (id and generated ids) and the number
+    /// of tokens processed: positive for a step with prefill, negative for a decode-only step
+    /// (nano-vllm's convention, which its throughput display relies on).
+    pub fn step(&mut self) -> Result<(Vec<(SeqId, Vec<TokenId>)>, isize), Error> {
+        let mut finished: Vec<(SeqId, Vec<TokenId>)> = self.held.drain(..).map(|f| (f.id, f.output)).collect();
+        if self.engine.is_finished() {
+            return Ok((finished, 0));
+        }
+        let out = self.engine.step()?;
+        let num_tokens = if out.num_prefill_tokens > 0 {
+            (out.num_prefill_tokens + out.num_decode_tokens) as isize
+        } else {
+            -(out.num_decode_tokens as isize)
+        };
+        finished.extend(out.finished.into_iter().map(|f| (f.id, f.output)));
+        Ok((finished, num_tokens))
+    }
+
+    /// Runs one step and returns everything it did (tokens, finished requests with timings).
+    pub fn step_output(&mut self) -> Result<StepOutput, Error> {
+        Ok(self.engine.step()?)
+    }
+
+    /// True when no request is waiting or running (and none is held for `step`).
+    pub fn is_finished(&self) -> bool {
+        self.engine.is_finished() && self.held.is_empty()
+    }
+
+    /// Cancels a request; its pages come back. False if it is unknown or already finished.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        self.engine.abort(id).is_some()
+    }
+
+    /// The output of a finished request, with its text.
+    pub fn output_of(&self, f: &FinishedRequest) -> Result<Output, Error> {
+        Ok(Output {
+            text: self.decode(&f.output)?,
+            token_ids: f.output.clone(),
+            finish_reason: f.reason,
+            prompt_tokens: f.prompt_len,
+            completion_tokens: f.output.len(),
+        })
+    }
+
+    /// Steps the engine for one caller's requests; other finished requests are held for `step`.
+    pub(crate) fn step_for(&mut self, mine: &HashMap<SeqId, usize>) -> Result<(StepOutput, Vec<FinishedRequest>), Error> {
+        let mut out = self.engine.step()?;
+        let (own, others): (Vec<_>, Vec<_>) = out.finished.drain(..).partition(|f| mine.contains_key(&f.id));
+        self.held.extend(others);
+        Ok((out, own))
+    }
+
+    /// Generates a completion for every prompt and returns them in prompt order. With
+    /// `use_progress`, a progress bar shows finished prompts and prefill/decode tokens/s.
+    pub fn generate<P: Into<Prompt> + Clone>(
+        &mut self,
+        prompts: &[P],
+        params: impl Into<ParamsList>,
+        use_progress: bool,
+    ) -> Result<Vec<Output>, Error> {
+        let params = params.into().expand(prompts.len())?;
+        let mut mine: HashMap<SeqId, usize> = HashMap::new();
+        for (i, (p, sp)) in prompts.iter().zip(params).enumerate() {
+            match self.add_request(p.clone(), sp) {
+                Ok(id) => {
+                    mine.insert(id, i);
+                }
+                Err(e) => {
+                    for id in mine.keys() {
+                        self.engine.abort(*id);
+                    }
+                    return Err(match e {
+                        Error::EmptyPrompt { .. } => Error::EmptyPrompt { index: i },
+                        other => other,
+                    });
+                }
+            }
+        }
+        let bar = if use_progress {
+            let bar = ProgressBar::with_draw_target(Some(prompts.len() as u64), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
+                    .expect("valid template"),
+            );
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        let mut results: Vec<Option<Output>> = vec![None; prompts.len()];
+        let mut remaining = prompts.len();
+        let (mut prefill_rate, mut decode_rate) = (0.0, 0.0);
+        while remaining > 0 {
+            let t = Instant::now();
+            let (out, own) = self.step_for(&mine)?;
+            let secs = t.elapsed().as_secs_f64().max(1e-9);
+            if out.num_prefill_tokens > 0 {
+                prefill_rate = (out.num_prefill_tokens + out.num_decode_tokens) as f64 / secs;
+            } else {
+                decode_rate = out.num_decode_tokens as f64 / secs;
+            }
+            bar.set_message(format!("prefill {prefill_rate:.0} tok/s, decode {decode_rate:.0} tok/s"));
+            for f in own {
+                results[mine[&f.id]] = Some(self.output_of(&f)?);
+                remaining -= 1;
+                bar.inc(1);
+            }
+        }
+        bar.finish();
+        Ok(results.into_iter().map(|o| o.expect("every prompt finished")).collect())
+    }
+
+    /// Queues one prompt and returns an iterator over its text as it is produced.
+    pub fn generate_stream(&mut self, prompt: impl Into<Prompt>, params: SamplingParams) -> Result<TokenStream<'_>, Error> {
+        let (id, rx) = self.add_request_streaming(prompt, params)?;
+        Ok(TokenStream::new(self, id, rx))
+    }
+}
