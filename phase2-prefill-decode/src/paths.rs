@@ -9,7 +9,10 @@ use std::path::PathBuf;
 pub fn models_dir() -> PathBuf {
     std::env::var_os("NANO_SERVING_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
+        .unwrap_or_else(|| {
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+            dir.canonicalize().unwrap_or(dir)
+        })
 }
 
 /// The embedded default model's folder.

@@ -27,7 +27,11 @@ impl FromStr for Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| Error::InvalidConfig(format!("device {s:?}: expected auto, cpu, cuda or cuda:N"))),
+                .ok_or_else(|| {
+                    Error::InvalidConfig(format!(
+                        "device {s:?}: expected auto, cpu, cuda or cuda:N"
+                    ))
+                }),
         }
     }
 }
@@ -118,7 +122,10 @@ impl Config {
             return bad("max_num_seqs and max_num_batched_tokens must be at least 1".into());
         }
         if self.max_model_len < 2 {
-            return bad(format!("max_model_len = {}: must be at least 2", self.max_model_len));
+            return bad(format!(
+                "max_model_len = {}: must be at least 2",
+                self.max_model_len
+            ));
         }
         if self.num_kvcache_blocks == 0 || self.num_kvcache_blocks < -1 {
             return bad(format!(
@@ -146,9 +153,22 @@ mod tests {
     #[test]
     fn defaults_are_the_reference_ones_and_valid() {
         let c = Config::default();
-        assert_eq!((c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len), (16384, 512, 4096));
-        assert_eq!((c.gpu_memory_utilization, c.tensor_parallel_size, c.enforce_eager), (0.9, 1, false));
-        assert_eq!((c.kvcache_block_size, c.num_kvcache_blocks, c.device), (256, -1, Device::Auto));
+        assert_eq!(
+            (c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len),
+            (16384, 512, 4096)
+        );
+        assert_eq!(
+            (
+                c.gpu_memory_utilization,
+                c.tensor_parallel_size,
+                c.enforce_eager
+            ),
+            (0.9, 1, false)
+        );
+        assert_eq!(
+            (c.kvcache_block_size, c.num_kvcache_blocks, c.device),
+            (256, -1, Device::Auto)
+        );
         c.validate().unwrap();
     }
 
@@ -158,15 +178,60 @@ mod tests {
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         };
-        check(Config { kvcache_block_size: 24, ..Config::default() }, "kvcache_block_size = 24");
-        check(Config { kvcache_block_size: 0, ..Config::default() }, "kvcache_block_size");
-        check(Config { tensor_parallel_size: 2, ..Config::default() }, "tensor_parallel_size = 2");
-        check(Config { gpu_memory_utilization: 1.5, ..Config::default() }, "gpu_memory_utilization");
-        check(Config { num_kvcache_blocks: -5, ..Config::default() }, "num_kvcache_blocks = -5");
-        check(Config { max_num_seqs: 0, ..Config::default() }, "max_num_seqs");
-        let no_chunk = Config { chunked_prefill_size: None, max_num_batched_tokens: 1024, ..Config::default() };
+        check(
+            Config {
+                kvcache_block_size: 24,
+                ..Config::default()
+            },
+            "kvcache_block_size = 24",
+        );
+        check(
+            Config {
+                kvcache_block_size: 0,
+                ..Config::default()
+            },
+            "kvcache_block_size",
+        );
+        check(
+            Config {
+                tensor_parallel_size: 2,
+                ..Config::default()
+            },
+            "tensor_parallel_size = 2",
+        );
+        check(
+            Config {
+                gpu_memory_utilization: 1.5,
+                ..Config::default()
+            },
+            "gpu_memory_utilization",
+        );
+        check(
+            Config {
+                num_kvcache_blocks: -5,
+                ..Config::default()
+            },
+            "num_kvcache_blocks = -5",
+        );
+        check(
+            Config {
+                max_num_seqs: 0,
+                ..Config::default()
+            },
+            "max_num_seqs",
+        );
+        let no_chunk = Config {
+            chunked_prefill_size: None,
+            max_num_batched_tokens: 1024,
+            ..Config::default()
+        };
         check(no_chunk, "max_num_batched_tokens (1024)");
-        Config { kvcache_block_size: 48, ..Config::default() }.validate().unwrap();
+        Config {
+            kvcache_block_size: 48,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -44,9 +44,15 @@ pub enum Error {
 impl From<phase0::Error> for Error {
     fn from(e: phase0::Error) -> Self {
         match e {
-            phase0::Error::InvalidSamplingParams { field, value, reason } => {
-                Error::InvalidSamplingParams { field, value, reason }
-            }
+            phase0::Error::InvalidSamplingParams {
+                field,
+                value,
+                reason,
+            } => Error::InvalidSamplingParams {
+                field,
+                value,
+                reason,
+            },
             phase0::Error::EmptyPrompt(_) => Error::EmptyPrompt { index: 0 },
             other => Error::Internal(other.to_string()),
         }
@@ -60,7 +66,9 @@ impl From<phase2::Error> for Error {
             phase2::Error::Tokenizer(s) => Error::Tokenizer(s),
             phase2::Error::PromptTooLong { len, max } => Error::PromptTooLong { len, max },
             phase2::Error::OutOfMemory(s) => Error::OutOfMemory(s),
-            phase2::Error::Pool(p @ phase1::Error::OutOfPages { .. }) => Error::OutOfMemory(p.to_string()),
+            phase2::Error::Pool(p @ phase1::Error::OutOfPages { .. }) => {
+                Error::OutOfMemory(p.to_string())
+            }
             phase2::Error::Device(s) => Error::Cuda(s),
             phase2::Error::Request(r) => r.into(),
             other => Error::Internal(other.to_string()),

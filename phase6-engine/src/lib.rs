@@ -4,16 +4,19 @@
 //! continuous-batching engine of chapter 5, the chunk API with cascade attention, direct
 //! inference from KV blocks, the `nanoserve` command line, and the CUDA runner.
 
+pub mod cli;
 mod config;
 mod error;
 mod llm;
 mod prompt;
+pub mod report;
 mod runner_select;
 mod stream;
+pub mod workload;
 
 pub use config::{Config, Device};
 pub use error::Error;
-pub use llm::LLM;
+pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
 pub use phase2::ChatMessage;
 pub use prompt::{Output, ParamsList, Prompt};

@@ -22,6 +22,10 @@ use crate::prompt::{Output, ParamsList, Prompt};
 use crate::runner_select::build_runner;
 use crate::stream::TokenStream;
 
+/// What `LLM::step` returns: the requests that finished (id, generated ids) and the signed
+/// token count of the step.
+pub type StepResult = (Vec<(SeqId, Vec<TokenId>)>, isize);
+
 pub struct LLM {
     engine: Engine<Box<dyn ModelRunner>>,
     tokenizer: Option<Tokenizer>,
@@ -54,7 +58,9 @@ impl LLM {
         mut config: Config,
     ) -> Result<Self, Error> {
         config.validate()?;
-        config.max_model_len = config.max_model_len.min(model_config.max_position_embeddings);
+        config.max_model_len = config
+            .max_model_len
+            .min(model_config.max_position_embeddings);
         let mut eos = model_config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             eos.extend_from_slice(t.eos_token_ids());
@@ -123,9 +129,9 @@ impl LLM {
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, Error> {
-        self.tokenizer
-            .as_ref()
-            .ok_or_else(|| Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into()))
+        self.tokenizer.as_ref().ok_or_else(|| {
+            Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into())
+        })
     }
 
     /// Token ids of a prompt.
@@ -146,11 +152,17 @@ impl LLM {
 
     /// A conversation rendered with the model's chat markers, ending with the assistant's turn.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, Error> {
-        Ok(self.require_tokenizer()?.apply_chat_template(messages, true))
+        Ok(self
+            .require_tokenizer()?
+            .apply_chat_template(messages, true))
     }
 
     /// Queues a request; it runs in the next steps.
-    pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: SamplingParams) -> Result<SeqId, Error> {
+    pub fn add_request(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<SeqId, Error> {
         let ids = self.encode(&prompt.into())?;
         Ok(self.engine.add_request(ids, params)?)
     }
@@ -168,8 +180,9 @@ impl LLM {
     /// Runs one step. Returns the requests that finished (id and generated ids) and the number
     /// of tokens processed: positive for a step with prefill, negative for a decode-only step
     /// (nano-vllm's convention, which its throughput display relies on).
-    pub fn step(&mut self) -> Result<(Vec<(SeqId, Vec<TokenId>)>, isize), Error> {
-        let mut finished: Vec<(SeqId, Vec<TokenId>)> = self.held.drain(..).map(|f| (f.id, f.output)).collect();
+    pub fn step(&mut self) -> Result<StepResult, Error> {
+        let mut finished: Vec<(SeqId, Vec<TokenId>)> =
+            self.held.drain(..).map(|f| (f.id, f.output)).collect();
         if self.engine.is_finished() {
             return Ok((finished, 0));
         }
@@ -210,9 +223,15 @@ impl LLM {
     }
 
     /// Steps the engine for one caller's requests; other finished requests are held for `step`.
-    pub(crate) fn step_for(&mut self, mine: &HashMap<SeqId, usize>) -> Result<(StepOutput, Vec<FinishedRequest>), Error> {
+    pub(crate) fn step_for(
+        &mut self,
+        mine: &HashMap<SeqId, usize>,
+    ) -> Result<(StepOutput, Vec<FinishedRequest>), Error> {
         let mut out = self.engine.step()?;
-        let (own, others): (Vec<_>, Vec<_>) = out.finished.drain(..).partition(|f| mine.contains_key(&f.id));
+        let (own, others): (Vec<_>, Vec<_>) = out
+            .finished
+            .drain(..)
+            .partition(|f| mine.contains_key(&f.id));
         self.held.extend(others);
         Ok((out, own))
     }
@@ -244,7 +263,10 @@ impl LLM {
             }
         }
         let bar = if use_progress {
-            let bar = ProgressBar::with_draw_target(Some(prompts.len() as u64), ProgressDrawTarget::stderr());
+            let bar = ProgressBar::with_draw_target(
+                Some(prompts.len() as u64),
+                ProgressDrawTarget::stderr(),
+            );
             bar.set_style(
                 ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
                     .expect("valid template"),
@@ -265,7 +287,9 @@ impl LLM {
             } else {
                 decode_rate = out.num_decode_tokens as f64 / secs;
             }
-            bar.set_message(format!("prefill {prefill_rate:.0} tok/s, decode {decode_rate:.0} tok/s"));
+            bar.set_message(format!(
+                "prefill {prefill_rate:.0} tok/s, decode {decode_rate:.0} tok/s"
+            ));
             for f in own {
                 results[mine[&f.id]] = Some(self.output_of(&f)?);
                 remaining -= 1;
@@ -273,11 +297,18 @@ impl LLM {
             }
         }
         bar.finish();
-        Ok(results.into_iter().map(|o| o.expect("every prompt finished")).collect())
+        Ok(results
+            .into_iter()
+            .map(|o| o.expect("every prompt finished"))
+            .collect())
     }
 
     /// Queues one prompt and returns an iterator over its text as it is produced.
-    pub fn generate_stream(&mut self, prompt: impl Into<Prompt>, params: SamplingParams) -> Result<TokenStream<'_>, Error> {
+    pub fn generate_stream(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<TokenStream<'_>, Error> {
         let (id, rx) = self.add_request_streaming(prompt, params)?;
         Ok(TokenStream::new(self, id, rx))
     }

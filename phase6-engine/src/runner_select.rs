@@ -19,7 +19,11 @@ fn mib(bytes: usize) -> f64 {
 }
 
 /// The CPU runner with its KV pages sized from `num_kvcache_blocks` or the byte budget.
-pub fn cpu_runner(model_config: ModelConfig, weights: &Weights, config: &Config) -> Result<Runner, Error> {
+pub fn cpu_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+) -> Result<Runner, Error> {
     let model = Model::from_weights(model_config, weights)?;
     let layout = CpuRunner::kv_layout_of(&model);
     let ps = config.kvcache_block_size;
@@ -50,7 +54,11 @@ pub fn cpu_runner(model_config: ModelConfig, weights: &Weights, config: &Config)
 }
 
 /// The runner the config asks for.
-pub fn build_runner(model_config: ModelConfig, weights: &Weights, config: &Config) -> Result<Runner, Error> {
+pub fn build_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+) -> Result<Runner, Error> {
     match config.device {
         Device::Cpu => cpu_runner(model_config, weights, config),
         Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {

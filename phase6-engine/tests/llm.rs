@@ -21,14 +21,22 @@ fn llm() -> LLM {
 }
 
 fn greedy(n: usize) -> SamplingParams {
-    SamplingParams::greedy().with_max_tokens(n).with_ignore_eos(true)
+    SamplingParams::greedy()
+        .with_max_tokens(n)
+        .with_ignore_eos(true)
 }
 
 #[test]
 fn greedy_generate_equals_the_transformers_fixtures() {
     let path = phase2::models_dir().join("fixtures/tiny-shakespeare.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
     let cases: Vec<(Vec<u32>, Vec<u32>)> = fixture["cases"]
         .as_array()
         .unwrap()
@@ -36,7 +44,10 @@ fn greedy_generate_equals_the_transformers_fixtures() {
         .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
         .collect();
     let mut llm = llm();
-    let prompts: Vec<Prompt> = cases.iter().map(|(p, _)| Prompt::Tokens(p.clone())).collect();
+    let prompts: Vec<Prompt> = cases
+        .iter()
+        .map(|(p, _)| Prompt::Tokens(p.clone()))
+        .collect();
     // All cases in one batched call: batching must not change a token.
     let outputs = llm.generate(&prompts, greedy(32), false).unwrap();
     for ((_, expected), out) in cases.iter().zip(&outputs) {
@@ -48,7 +59,11 @@ fn greedy_generate_equals_the_transformers_fixtures() {
 
 #[test]
 fn step_api_streaming_and_generate_agree() {
-    let prompts = ["ROMEO:", "JULIET:\nAy me!", "KING RICHARD III:\nNow is the winter"];
+    let prompts = [
+        "ROMEO:",
+        "JULIET:\nAy me!",
+        "KING RICHARD III:\nNow is the winter",
+    ];
     let mut a = llm();
     let expected: Vec<Vec<u32>> = a
         .generate(&prompts, greedy(12), false)
@@ -58,7 +73,10 @@ fn step_api_streaming_and_generate_agree() {
         .collect();
 
     let mut b = llm();
-    let ids: Vec<u64> = prompts.iter().map(|p| b.add_request(*p, greedy(12)).unwrap()).collect();
+    let ids: Vec<u64> = prompts
+        .iter()
+        .map(|p| b.add_request(*p, greedy(12)).unwrap())
+        .collect();
     let mut got = std::collections::HashMap::new();
     let mut saw_prefill = false;
     let mut saw_decode = false;
@@ -68,7 +86,10 @@ fn step_api_streaming_and_generate_agree() {
         saw_decode |= n < 0;
         got.extend(finished);
     }
-    assert!(saw_prefill && saw_decode, "prefill steps count positive, decode steps negative");
+    assert!(
+        saw_prefill && saw_decode,
+        "prefill steps count positive, decode steps negative"
+    );
     for (id, exp) in ids.iter().zip(&expected) {
         assert_eq!(&got[id], exp);
     }
@@ -86,14 +107,26 @@ fn step_api_streaming_and_generate_agree() {
 #[test]
 fn per_prompt_params_are_honoured_and_seeds_reproduce() {
     let mut llm = llm();
-    let sampled = SamplingParams::default().with_temperature(0.9).with_top_k(40).with_seed(7).with_max_tokens(9);
+    let sampled = SamplingParams::default()
+        .with_temperature(0.9)
+        .with_top_k(40)
+        .with_seed(7)
+        .with_max_tokens(9);
     let params = vec![greedy(3), sampled.clone(), greedy(5)];
-    let out = llm.generate(&["ROMEO:", "ROMEO:", "ROMEO:"], params, false).unwrap();
-    assert_eq!(out.iter().map(|o| o.token_ids.len()).collect::<Vec<_>>(), vec![3, out[1].token_ids.len(), 5]);
+    let out = llm
+        .generate(&["ROMEO:", "ROMEO:", "ROMEO:"], params, false)
+        .unwrap();
+    assert_eq!(
+        out.iter().map(|o| o.token_ids.len()).collect::<Vec<_>>(),
+        vec![3, out[1].token_ids.len(), 5]
+    );
     assert!(out[1].token_ids.len() <= 9);
     assert_eq!(out[0].token_ids, out[2].token_ids[..3], "greedy is greedy");
     let again = llm.generate(&["ROMEO:"], sampled, false).unwrap();
-    assert_eq!(again[0].token_ids, out[1].token_ids, "same seed, same sample, alone or batched");
+    assert_eq!(
+        again[0].token_ids, out[1].token_ids,
+        "same seed, same sample, alone or batched"
+    );
 }
 
 #[test]
@@ -105,10 +138,24 @@ fn bad_input_is_a_clear_error_and_the_others_go_on() {
     assert!(matches!(err, Error::EmptyPrompt { index: 1 }), "{err}");
     let long = Prompt::Tokens(vec![5; 2048]);
     let err = llm.generate(&[long], greedy(4), false).unwrap_err();
-    assert_eq!(err.to_string(), "prompt of 2048 tokens is longer than the limit of 2047");
-    let err = llm.generate(&["ROMEO:"], SamplingParams::default().with_top_p(0.0), false).unwrap_err();
-    assert_eq!(err.to_string(), "invalid sampling params: top_p = 0 (must be in (0, 1])");
-    let err = llm.generate(&["a", "b"], vec![greedy(1)], false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "prompt of 2048 tokens is longer than the limit of 2047"
+    );
+    let err = llm
+        .generate(
+            &["ROMEO:"],
+            SamplingParams::default().with_top_p(0.0),
+            false,
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid sampling params: top_p = 0 (must be in (0, 1])"
+    );
+    let err = llm
+        .generate(&["a", "b"], vec![greedy(1)], false)
+        .unwrap_err();
     assert!(matches!(err, Error::ParamsCount(1, 2)), "{err}");
 
     // The request queued before the bad calls still finishes.
@@ -124,8 +171,19 @@ fn bad_input_is_a_clear_error_and_the_others_go_on() {
     assert_eq!(pool.num_free(), pool.num_pages(), "no page leaked");
 
     let err = LLM::new("/nonexistent/model", config()).err().unwrap();
-    assert!(err.to_string().contains("/nonexistent/model/config.json"), "{err}");
-    let err = LLM::new(phase2::default_model_dir(), Config { kvcache_block_size: 10, ..config() }).err().unwrap();
+    assert!(
+        err.to_string().contains("/nonexistent/model/config.json"),
+        "{err}"
+    );
+    let err = LLM::new(
+        phase2::default_model_dir(),
+        Config {
+            kvcache_block_size: 10,
+            ..config()
+        },
+    )
+    .err()
+    .unwrap();
     assert!(err.to_string().contains("kvcache_block_size = 10"), "{err}");
 }
 
@@ -140,6 +198,9 @@ fn abort_returns_pages_and_chat_template_uses_the_markers() {
     let chat = llm
         .apply_chat_template(&[phase6::ChatMessage::new("user", "Who art thou?")])
         .unwrap();
-    assert_eq!(chat, "<|im_start|>user\nWho art thou?<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        chat,
+        "<|im_start|>user\nWho art thou?<|im_end|>\n<|im_start|>assistant\n"
+    );
     assert!(llm.startup_report().starts_with("device cpu: KV cache of"));
 }

@@ -1,0 +1,181 @@
+//! `nanoserve`: the command line of the engine.
+//!
+//! `generate` streams completions, `chat` is an interactive conversation, `bench` runs the
+//! nano-vllm throughput workload, `report` runs the phase-by-phase comparison. Every command
+//! takes the same model and engine options; the default model is the embedded tiny
+//! Shakespeare model, so everything works on a fresh machine with no network.
+
+mod bench;
+mod chat;
+mod generate;
+mod report;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use phase2::{ModelConfig, Tokenizer, Weights};
+
+use crate::config::{Config, Device};
+use crate::error::Error;
+use crate::llm::LLM;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nanoserve",
+    version,
+    about = "nano-serving: an LLM serving engine built as a course"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate completions for prompts, streaming the text as it is produced
+    Generate(generate::GenerateArgs),
+    /// Chat with the model (type /help for commands)
+    Chat(chat::ChatArgs),
+    /// Measure throughput on the nano-vllm workload (random prompts and output lengths)
+    Bench(bench::BenchArgs),
+    /// Serve one workload five ways (chapter by chapter) and write a Markdown report with plots
+    Report(report::ReportArgs),
+}
+
+/// The model and engine options every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Hugging Face model folder (config.json, *.safetensors, tokenizer.json) [default: the
+    /// embedded tiny Shakespeare model]
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Use random weights for the architecture in --config (benchmarks without a checkpoint)
+    #[arg(long, requires = "config")]
+    pub random_weights: bool,
+    /// A config.json giving the architecture for --random-weights
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// auto, cpu, cuda or cuda:N
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: usize,
+    #[arg(long, default_value_t = 512)]
+    pub max_num_seqs: usize,
+    #[arg(long, default_value_t = 16384)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV page (a multiple of 16)
+    #[arg(long, default_value_t = 256)]
+    pub kvcache_block_size: usize,
+    /// KV pages to allocate (-1: size from memory)
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub num_kvcache_blocks: i64,
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// KV memory on the CPU, in MiB
+    #[arg(long, default_value_t = 1024)]
+    pub cpu_kv_cache_mib: usize,
+    /// Most prompt tokens per request per step (0: whole prompts)
+    #[arg(long, default_value_t = 2048)]
+    pub chunked_prefill_size: usize,
+    /// Turn the radix prefix cache off
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Decode without CUDA graphs
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Seed for requests that bring none (default: random)
+    #[arg(long)]
+    pub engine_seed: Option<u64>,
+}
+
+impl ModelArgs {
+    pub fn engine_config(&self) -> Result<Config, Error> {
+        Ok(Config {
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            max_model_len: self.max_model_len,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            tensor_parallel_size: 1,
+            enforce_eager: self.enforce_eager,
+            kvcache_block_size: self.kvcache_block_size,
+            num_kvcache_blocks: self.num_kvcache_blocks,
+            device: self.device.parse::<Device>()?,
+            cpu_kv_cache_bytes: self.cpu_kv_cache_mib << 20,
+            chunked_prefill_size: (self.chunked_prefill_size > 0)
+                .then_some(self.chunked_prefill_size),
+            enable_prefix_caching: !self.no_prefix_caching,
+            seed: self.engine_seed,
+        })
+    }
+
+    pub fn model_dir(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(phase2::default_model_dir)
+    }
+
+    /// The model's config, its weights (loaded or random) and its tokenizer if it has one.
+    pub fn load_parts(&self) -> Result<(ModelConfig, Weights, Option<Tokenizer>, String), Error> {
+        if self.random_weights {
+            let path = self.config.clone().expect("clap requires --config");
+            let config = ModelConfig::from_file(&path)?;
+            let weights = Weights::random(&config, 0);
+            let name = format!("{} with random weights", path.display());
+            return Ok((config, weights, None, name));
+        }
+        let dir = self.model_dir();
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(&dir)?;
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        Ok((config, weights, Some(tokenizer), dir.display().to_string()))
+    }
+
+    /// Starts the engine and prints what it took.
+    pub fn load(&self) -> Result<LLM, Error> {
+        let (config, weights, tokenizer, name) = self.load_parts()?;
+        let llm = LLM::with_weights(config, &weights, tokenizer, self.engine_config()?)?;
+        eprintln!("model {name}\n{}", llm.startup_report());
+        Ok(llm)
+    }
+}
+
+/// Sampling options shared by `generate` and `chat`.
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 is greedy
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// -1 disables top-k
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub top_k: i32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> phase0::SamplingParams {
+        let mut p = phase0::SamplingParams::default()
+            .with_max_tokens(self.max_tokens)
+            .with_temperature(self.temperature)
+            .with_top_p(self.top_p)
+            .with_top_k(self.top_k)
+            .with_ignore_eos(self.ignore_eos);
+        p.seed = self.seed;
+        p
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<(), Error> {
+    match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Report(args) => report::run(args),
+    }
+}
