@@ -18,7 +18,7 @@ pub use config::{Config, Device};
 pub use error::Error;
 pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
-pub use phase2::ChatMessage;
+pub use phase2::{ChatMessage, default_model_dir, models_dir};
 pub use prompt::{Output, ParamsList, Prompt};
 pub use runner_select::{Runner, build_runner, cpu_runner};
 pub use stream::{StreamPiece, TokenStream};
