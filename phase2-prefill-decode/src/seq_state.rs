@@ -22,6 +22,9 @@ pub struct SeqState {
     pub num_computed: usize,
     /// The random stream of this request (its seed, or one the engine drew).
     pub seed: u64,
+    /// When it finishes, hand its own pages to the caller instead of freeing them (a chunk's
+    /// KV being computed, a conversation kept for later turns).
+    pub keep_kv: bool,
 }
 
 impl SeqState {
@@ -32,6 +35,18 @@ impl SeqState {
             own_kv: BlockTable::new(),
             num_computed: 0,
             seed,
+            keep_kv: false,
+        }
+    }
+
+    /// A sequence whose first tokens already have K/V in `shared` segments (registered chunks,
+    /// blocks of an earlier conversation): only the rest of its prompt is computed.
+    pub fn with_shared_kv(seq: Sequence, seed: u64, shared: Vec<BlockTable>) -> Self {
+        let num_computed = shared.iter().map(BlockTable::num_tokens).sum();
+        Self {
+            shared_kv: shared,
+            num_computed,
+            ..Self::new(seq, seed)
         }
     }
 

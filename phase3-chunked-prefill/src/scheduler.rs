@@ -68,8 +68,26 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
         self.max_model_len = max_model_len;
     }
 
+    /// Queues a sequence. It holds each page of its shared segments while it lives, so their
+    /// owner may let go of them at any time without pulling pages from under it.
     pub fn add(&mut self, state: SeqState) {
+        for seg in &state.shared_kv {
+            for &page in seg.pages() {
+                self.pool
+                    .share(page)
+                    .expect("shared segments are allocated by their owner");
+            }
+        }
         self.prefill.add(state);
+    }
+
+    /// Drops the holders a leaving sequence took on its shared segments.
+    pub fn release_shared(&mut self, state: &SeqState) {
+        for seg in &state.shared_kv {
+            self.pool
+                .free_all(seg.pages())
+                .expect("a sequence holds its shared pages once");
+        }
     }
 
     pub fn has_work(&self) -> bool {
@@ -204,7 +222,13 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
             self.decode.add(state);
         }
         for mut state in self.decode.take_finished() {
-            self.retire(&mut state);
+            if state.keep_kv {
+                // Its pages go to the caller: only the cache lock is dropped.
+                self.cache.release(&mut self.pool, state.id(), &[], &[]);
+            } else {
+                self.retire(&mut state);
+            }
+            self.release_shared(&state);
             outcome.finished.push(state);
         }
         outcome

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use phase0::{FinishReason, Request, SamplingParams, SeqId, Sequence, SequenceStatus, TokenId};
-use phase1::KvPool;
+use phase1::{BlockTable, KvPool};
 use phase2::{Error, ModelRunner, SeqState};
 
 use crate::config::SchedulerConfig;
@@ -33,6 +33,9 @@ pub struct FinishedRequest {
     pub reason: FinishReason,
     pub num_preemptions: u32,
     pub timing: RequestTiming,
+    /// The request's own KV pages and their token count, when it asked to keep them
+    /// (`keep_kv`); the caller now holds those pages and must free them.
+    pub kv: Option<BlockTable>,
 }
 
 /// What one step did.
@@ -103,7 +106,12 @@ impl<R: ModelRunner> Engine<R> {
     }
 
     /// Checks a request against the engine's limits before it is queued.
-    fn admit(&mut self, prompt: Vec<TokenId>, params: SamplingParams) -> Result<SeqState, Error> {
+    fn admit(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        shared: Vec<BlockTable>,
+    ) -> Result<SeqState, Error> {
         let id = self.next_id;
         let seq = Sequence::new(Request::new(id, prompt, params))?;
         let max_len = self.scheduler.config().max_model_len;
@@ -122,12 +130,34 @@ impl<R: ModelRunner> Engine<R> {
                 capacity
             )));
         }
+        let shared_len: usize = shared.iter().map(BlockTable::num_tokens).sum();
+        if shared_len >= seq.len() {
+            return Err(Error::InvalidBatch(format!(
+                "{shared_len} tokens of existing KV leave nothing of a {}-token prompt to compute",
+                seq.len()
+            )));
+        }
+        let page_size = self.scheduler.pool().page_size();
+        for seg in &shared {
+            if seg.pages().len() * page_size < seg.num_tokens() {
+                return Err(Error::InvalidBatch(format!(
+                    "a KV segment of {} tokens has only {} pages",
+                    seg.num_tokens(),
+                    seg.pages().len()
+                )));
+            }
+            for &p in seg.pages() {
+                if self.scheduler.pool().ref_count(p).map_or(true, |n| n == 0) {
+                    return Err(Error::InvalidBatch(format!("KV page {p} is not allocated")));
+                }
+            }
+        }
         self.next_id += 1;
         let seed = seq
             .params()
             .seed
             .unwrap_or_else(|| self.base_seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        Ok(SeqState::new(seq, seed))
+        Ok(SeqState::with_shared_kv(seq, seed, shared))
     }
 
     /// Queues a request; it joins the batch at the next step that has room.
@@ -136,23 +166,44 @@ impl<R: ModelRunner> Engine<R> {
         prompt: Vec<TokenId>,
         params: SamplingParams,
     ) -> Result<SeqId, Error> {
-        let state = self.admit(prompt, params)?;
+        self.add_request_with_kv(prompt, params, Vec::new(), false)
+    }
+
+    /// Queues a request whose first tokens already have K/V in `shared` segments (held by their
+    /// owner; the request holds them too while it runs), so only the rest is computed. With
+    /// `keep_kv` its own pages are handed over in [`FinishedRequest::kv`] instead of freed.
+    pub fn add_request_with_kv(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        shared: Vec<BlockTable>,
+        keep_kv: bool,
+    ) -> Result<SeqId, Error> {
+        let mut state = self.admit(prompt, params, shared)?;
+        state.keep_kv = keep_kv;
         let id = state.id();
         self.requests.arrive(id, Instant::now());
         self.scheduler.add(state);
         Ok(id)
     }
 
-    /// Like [`Engine::add_request`], with a channel that receives each token as it is
-    /// produced and then the finish reason.
+    /// A channel that receives each token of a queued request as it is produced and then its
+    /// finish reason (`None` if the request is unknown or already finished).
+    pub fn subscribe(&mut self, id: SeqId) -> Option<mpsc::Receiver<StreamEvent>> {
+        self.requests.status(id)?;
+        let (tx, rx) = mpsc::channel();
+        self.streams.insert(id, tx);
+        Some(rx)
+    }
+
+    /// Like [`Engine::add_request`], with a channel of its tokens (see [`Engine::subscribe`]).
     pub fn add_request_streaming(
         &mut self,
         prompt: Vec<TokenId>,
         params: SamplingParams,
     ) -> Result<(SeqId, mpsc::Receiver<StreamEvent>), Error> {
         let id = self.add_request(prompt, params)?;
-        let (tx, rx) = mpsc::channel();
-        self.streams.insert(id, tx);
+        let rx = self.subscribe(id).expect("just queued");
         Ok((id, rx))
     }
 
@@ -179,6 +230,10 @@ impl<R: ModelRunner> Engine<R> {
             reason,
             num_preemptions: state.seq.num_preemptions(),
             timing: self.requests.remove(id).expect("known request"),
+            kv: (state.keep_kv && !state.own_kv.is_empty()).then(|| {
+                let shared: usize = state.num_shared_tokens();
+                BlockTable::from_pages(state.own_kv.pages().to_vec(), state.num_computed - shared)
+            }),
         }
     }
 

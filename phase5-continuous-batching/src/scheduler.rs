@@ -163,6 +163,7 @@ impl Scheduler {
             .remove(id)
             .or_else(|| self.inner.prefill.remove(id))?;
         self.inner.retire(&mut state);
+        self.inner.release_shared(&state);
         state
             .seq
             .finish(FinishReason::Aborted)
