@@ -6,14 +6,14 @@
 //! KV back through the page lists. Segments shared by several sequences of the batch (a cascade
 //! plan) are attended once for all their queries and merged per query by log-sum-exp.
 
-use phase1::{KvDtype, KvLayout};
+use phase1::{BlockTable, KvDtype, KvLayout};
 use rayon::prelude::*;
 
 use crate::attention::{AttnState, Queries, attend_segment};
 use crate::error::Error;
 use crate::kv_store::KvStore;
 use crate::model::Model;
-use crate::ops::{apply_rope, matmul, rms_norm, rope_tables, silu_mul};
+use crate::ops::{apply_rope, matmul, rms_norm, rope_tables, rope_tables_signed, silu_mul};
 use crate::runner::{ForwardBatch, Logits, ModelRunner};
 
 pub struct CpuRunner {
@@ -312,6 +312,41 @@ impl ModelRunner for CpuRunner {
 
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
+    }
+
+    fn copy_kv(
+        &mut self,
+        src: &BlockTable,
+        dst: &BlockTable,
+        rope_shift: i64,
+    ) -> Result<(), Error> {
+        let ps = self.store.page_size();
+        let n = src.num_tokens();
+        if dst.num_tokens() != n || src.pages().len() * ps < n || dst.pages().len() * ps < n {
+            return Err(Error::InvalidBatch(format!(
+                "copy of {n} tokens into a segment of {}",
+                dst.num_tokens()
+            )));
+        }
+        let limit = self.store.num_pages() as u32;
+        if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
+            return Err(Error::InvalidBatch(
+                "copy names a page outside the store".into(),
+            ));
+        }
+        let c = &self.model.config;
+        // One rotation for every token: the angle depends only on the shift.
+        let (cos, sin) = rope_tables_signed(rope_shift, c.head_dim, c.rope_theta);
+        for layer in 0..c.num_layers {
+            for i in 0..n {
+                let (a, b) = (src.slot(i, ps), dst.slot(i, ps));
+                self.store
+                    .copy_slot(layer, (a.page, a.offset), (b.page, b.offset), |k| {
+                        apply_rope(k, &cos, &sin)
+                    });
+            }
+        }
+        Ok(())
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {

@@ -63,6 +63,27 @@ impl KvStore {
         }
     }
 
+    /// Copies one token's K and V (all heads) from a slot to another, turning every key head
+    /// through `turn(head_vector)` (a RoPE rotation by a position shift).
+    pub fn copy_slot(
+        &mut self,
+        layer: usize,
+        from: (u32, usize),
+        to: (u32, usize),
+        turn: impl Fn(&mut [f32]),
+    ) {
+        let d = self.head_dim;
+        for h in 0..self.num_kv_heads {
+            let src = self.offset(from.0, h) + from.1 * d;
+            let dst = self.offset(to.0, h) + to.1 * d;
+            let (ks, vs) = &mut self.layers[layer];
+            let mut k = ks[src..src + d].to_vec();
+            turn(&mut k);
+            ks[dst..dst + d].copy_from_slice(&k);
+            vs.copy_within(src..src + d, dst);
+        }
+    }
+
     /// The keys and values of one head in one page: `page_size` rows of `head_dim`.
     pub fn page(&self, layer: usize, page: u32, head: usize) -> (&[f32], &[f32]) {
         let at = self.offset(page, head);

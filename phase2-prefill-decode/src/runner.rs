@@ -136,6 +136,22 @@ pub trait ModelRunner {
     /// logits of every sequence that samples.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error>;
 
+    /// Copies the K/V of `src` into the slots of `dst` (same token count), turning the keys'
+    /// rotary positions by `rope_shift`: K/V computed at positions `0..n` becomes the K/V of the
+    /// same tokens at `shift..shift + n` (RoPE composes, so this is exact). The chunk API's
+    /// independent mode places a chunk prefilled on its own after other chunks this way.
+    fn copy_kv(
+        &mut self,
+        src: &BlockTable,
+        dst: &BlockTable,
+        rope_shift: i64,
+    ) -> Result<(), Error> {
+        let _ = (src, dst, rope_shift);
+        Err(Error::Device(
+            "this runner cannot copy K/V between pages".into(),
+        ))
+    }
+
     /// Runs one step and picks the next token of every sequence that samples, in batch
     /// order. The default samples on the host; a GPU runner samples on the device and copies
     /// back token ids only.
@@ -169,6 +185,15 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
         (**self).forward(batch)
+    }
+
+    fn copy_kv(
+        &mut self,
+        src: &BlockTable,
+        dst: &BlockTable,
+        rope_shift: i64,
+    ) -> Result<(), Error> {
+        (**self).copy_kv(src, dst, rope_shift)
     }
 
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {

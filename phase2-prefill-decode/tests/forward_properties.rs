@@ -234,3 +234,45 @@ fn bad_batches_are_errors_not_panics() {
     };
     check(&mut runner, long, vec![], "beyond the model's 512");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Copying K/V with a RoPE shift and back restores it, and a shift of 0 is a plain copy:
+    /// the next token after either copy sees exactly what it sees after the original.
+    #[test]
+    fn copied_kv_with_a_rope_shift_round_trips(
+        prompt in prop::collection::vec(0u32..300, 1..20),
+        next in 0u32..300,
+        shift in 1i64..40,
+        page_size in 1usize..9,
+    ) {
+        let mut pool = KvPool::new(128, page_size).unwrap();
+        let mut runner = CpuRunner::new(small_model(6), 128, page_size);
+        let n = prompt.len();
+        let mut table = || {
+            let mut t = BlockTable::new();
+            t.append_tokens(&mut pool, n).unwrap();
+            t
+        };
+        let (original, moved, back, plain) = (table(), table(), table(), table());
+        runner.forward(&ForwardBatch {
+            seqs: vec![ForwardSeq { seq_id: 1, tokens: prompt.clone(), start_pos: 0, kv: vec![original.clone()], sample: None }],
+            shared: vec![],
+        }).unwrap();
+        runner.copy_kv(&original, &moved, shift).unwrap();
+        runner.copy_kv(&moved, &back, -shift).unwrap();
+        runner.copy_kv(&original, &plain, 0).unwrap();
+
+        let mut next_logits = |kv: &BlockTable| {
+            let mut own = BlockTable::new();
+            own.append_tokens(&mut pool, 1).unwrap();
+            let seq = ForwardSeq { seq_id: 2, tokens: vec![next], start_pos: n, kv: vec![kv.clone(), own], sample: Some(SampleSpec::greedy()) };
+            runner.forward(&ForwardBatch { seqs: vec![seq], shared: vec![] }).unwrap().data
+        };
+        let expected = next_logits(&original);
+        prop_assert!(rel_error(&next_logits(&back), &expected) < TOL, "shift and back");
+        prop_assert!(rel_error(&next_logits(&plain), &expected) < 1e-6, "shift 0");
+        prop_assert!(rel_error(&next_logits(&moved), &expected) > TOL, "a real shift changes what the next token sees");
+    }
+}
