@@ -25,7 +25,7 @@ pub struct Slot {
 }
 
 /// The pages of one run of tokens, in order, and how many tokens they hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct BlockTable {
     pages: Vec<PageId>,
     num_tokens: usize,

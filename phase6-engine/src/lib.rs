@@ -4,6 +4,8 @@
 //! continuous-batching engine of chapter 5, the chunk API with cascade attention, direct
 //! inference from KV blocks, the `nanoserve` command line, and the CUDA runner.
 
+pub mod cascade;
+mod chunks;
 pub mod cli;
 mod config;
 mod error;
@@ -14,6 +16,10 @@ mod runner_select;
 mod stream;
 pub mod workload;
 
+pub use chunks::{
+    Chunk, ChunkConfig, ChunkFilter, ChunkInfo, ChunkOutput, ChunkStats, ChunkType, ChunkedLLM,
+    Composition, CompositionMode, CompositionPreview, KvBlocks, VirtualSequence, metadata_map,
+};
 pub use config::{Config, Device};
 pub use error::Error;
 pub use llm::{LLM, StepResult};

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -16,6 +17,7 @@ use phase0::{SamplingParams, SeqId, TokenId};
 use phase2::{ChatMessage, ModelConfig, ModelRunner, Tokenizer, Weights};
 use phase5::{Batching, Engine, FinishedRequest, SchedulerConfig, StepOutput, StreamEvent};
 
+use crate::cascade::{CascadeRunner, CascadeStats};
 use crate::config::{Config, Device};
 use crate::error::Error;
 use crate::prompt::{Output, ParamsList, Prompt};
@@ -33,6 +35,7 @@ pub struct LLM {
     model_config: ModelConfig,
     device: Device,
     startup: String,
+    cascade: Arc<Mutex<CascadeStats>>,
     /// Requests that finished while `generate` or a stream was stepping for its own requests:
     /// they belong to the next `step` caller.
     held: Vec<FinishedRequest>,
@@ -87,8 +90,16 @@ impl LLM {
             model_config.num_parameters(),
             config.max_model_len
         );
+        let cascade_runner = CascadeRunner::new(runner.runner);
+        let cascade = cascade_runner.stats_handle();
         Ok(Self {
-            engine: Engine::new(runner.runner, scheduler, eos, seed)?,
+            engine: Engine::new(
+                Box::new(cascade_runner) as Box<dyn ModelRunner>,
+                scheduler,
+                eos,
+                seed,
+            )?,
+            cascade,
             tokenizer,
             device: runner.device,
             config,
@@ -110,6 +121,11 @@ impl LLM {
 
     pub fn model_config(&self) -> &ModelConfig {
         &self.model_config
+    }
+
+    /// What cascade planning found: steps with shared segments, shared reads, tokens saved.
+    pub fn cascade_stats(&self) -> CascadeStats {
+        *self.cascade.lock().expect("stats lock")
     }
 
     pub fn device(&self) -> Device {
@@ -301,6 +317,12 @@ impl LLM {
             .into_iter()
             .map(|o| o.expect("every prompt finished"))
             .collect())
+    }
+
+    /// A stream of a request already queued (e.g. one over existing K/V blocks).
+    pub fn stream_existing(&mut self, id: SeqId) -> Result<TokenStream<'_>, Error> {
+        let rx = self.engine.subscribe(id).ok_or(Error::UnknownRequest(id))?;
+        Ok(TokenStream::new(self, id, rx))
     }
 
     /// Queues one prompt and returns an iterator over its text as it is produced.
