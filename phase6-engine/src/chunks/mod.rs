@@ -257,12 +257,12 @@ impl ChunkedLLM {
                 last_used,
             },
         );
-        let own_kv = match (chunk_type, self.config.mode) {
-            (ChunkType::SystemPrompt, _) | (ChunkType::Context, CompositionMode::Independent) => {
-                true
-            }
-            _ => false,
-        };
+        // A system prompt always starts at position 0; in independent mode a context's own
+        // K/V is reused anywhere. Exact contexts and queries are computed in place.
+        let own_kv = matches!(
+            (chunk_type, self.config.mode),
+            (ChunkType::SystemPrompt, _) | (ChunkType::Context, CompositionMode::Independent)
+        );
         if own_kv
             && let Err(e) = self.compute_own_kv(&id, &HashSet::from([Item::Chunk(id.clone())]))
         {
