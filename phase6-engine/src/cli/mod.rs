@@ -6,7 +6,7 @@
 //! Shakespeare model, so everything works on a fresh machine with no network.
 
 mod bench;
-mod chat;
+pub mod chat;
 mod generate;
 mod report;
 
