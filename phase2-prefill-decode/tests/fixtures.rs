@@ -99,3 +99,19 @@ fn forward_pass_matches_transformers_on_every_fixture() {
         }
     }
 }
+
+#[test]
+fn fixture_prompts_tokenize_as_in_transformers() {
+    let path = models_dir().join("fixtures/tiny-shakespeare.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let tok = phase2::Tokenizer::from_dir(&models_dir().join("tiny-shakespeare")).unwrap();
+    for case in json["cases"].as_array().unwrap() {
+        let text = case["prompt_text"].as_str().unwrap();
+        assert_eq!(
+            tok.encode(text).unwrap(),
+            ids(&case["prompt_ids"]),
+            "case {} tokenizes differently from the Python tokenizers library",
+            case["name"]
+        );
+    }
+}
