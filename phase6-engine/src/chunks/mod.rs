@@ -61,11 +61,11 @@ pub struct ChunkedLLM {
     registrations: u64,
 }
 
-fn chunk_hash(chunk_type: ChunkType, content: &str, salt: Option<u64>) -> String {
+fn chunk_hash(chunk_type: ChunkType, content: &[u8], salt: Option<u64>) -> String {
     let mut h = Sha256::new();
     h.update(chunk_type.as_str().as_bytes());
     h.update([0u8]);
-    h.update(content.as_bytes());
+    h.update(content);
     if let Some(s) = salt {
         h.update(s.to_le_bytes());
     }
@@ -212,17 +212,48 @@ impl ChunkedLLM {
         chunk_type: ChunkType,
         metadata: BTreeMap<String, String>,
     ) -> Result<String, Error> {
+        let id = chunk_hash(chunk_type, content.as_bytes(), None);
+        self.register(id, content, None, chunk_type, metadata)
+    }
+
+    /// Registers a chunk given as token ids (for models without a tokenizer, or text that was
+    /// tokenized elsewhere); its id hashes the type and the ids.
+    pub fn register_chunk_tokens(
+        &mut self,
+        tokens: &[TokenId],
+        chunk_type: ChunkType,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let id = chunk_hash(chunk_type, &bytes, None);
+        let content = match self.llm.tokenizer() {
+            Some(t) => t.decode(tokens, false)?,
+            None => format!("<{} tokens>", tokens.len()),
+        };
+        self.register(id, &content, Some(tokens.to_vec()), chunk_type, metadata)
+    }
+
+    fn register(
+        &mut self,
+        mut id: String,
+        content: &str,
+        tokens: Option<Vec<TokenId>>,
+        chunk_type: ChunkType,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<String, Error> {
         // BEGIN SOLUTION
-        let mut id = chunk_hash(chunk_type, content, None);
         if self.store.chunks.contains_key(&id) {
             if self.config.enable_deduplication {
                 self.store.touch(&id);
                 return Ok(id);
             }
             self.registrations += 1;
-            id = chunk_hash(chunk_type, content, Some(self.registrations));
+            id = chunk_hash(chunk_type, id.as_bytes(), Some(self.registrations));
         }
-        let tokens = self.llm.encode(&crate::Prompt::Text(content.to_string()))?;
+        let tokens = match tokens {
+            Some(t) => t,
+            None => self.llm.encode(&crate::Prompt::Text(content.to_string()))?,
+        };
         if tokens.is_empty() {
             return Err(Error::IncompatibleChunks(
                 "a chunk needs some content".into(),
@@ -549,7 +580,9 @@ impl ChunkedLLM {
         persist_chunks: bool,
     ) -> Result<ChunkOutput, Error> {
         let existed = |s: &Self, t: ChunkType, text: &str| {
-            s.store.chunks.contains_key(&chunk_hash(t, text, None))
+            s.store
+                .chunks
+                .contains_key(&chunk_hash(t, text.as_bytes(), None))
         };
         let mut created = Vec::new();
         let mut register = |s: &mut Self, text: &str, t: ChunkType| -> Result<String, Error> {
