@@ -1,86 +1,121 @@
-//! Time to first token with a registered 1,000-token context against recomputing it, on the
-//! embedded model (CPU). The reference target for the chunk API is more than 10x.
+//! Time to first token with a registered context against recomputing it. The reference
+//! target for the chunk API is more than 10x.
 //!
-//! `cargo run --release -p phase6 --example chunk_ttft`
+//! `cargo run --release -p phase6 --example chunk_ttft` (embedded model, CPU, 1,000 tokens);
+//! on a GPU: `... --features cuda --example chunk_ttft -- --device cuda
+//! --config configs/qwen3-0.6b.json --contexts 1000,4000,16000` (random weights).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use phase6::{ChunkConfig, ChunkType, ChunkedLLM, Config, Device, LLM, Prompt, SamplingParams};
 
-const CORPUS: &str = include_str!("../../models/tiny-shakespeare/README.md");
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
 
-fn config() -> Config {
-    Config {
-        device: Device::Cpu,
-        kvcache_block_size: 16,
-        cpu_kv_cache_bytes: 256 << 20,
-        enable_prefix_caching: false,
-        seed: Some(0),
-        ..Config::default()
-    }
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn main() -> Result<(), phase6::Error> {
-    let dir = phase6::default_model_dir();
-    let mut chunks = ChunkedLLM::new(
-        &dir,
+    let device: Device = arg("--device").unwrap_or_else(|| "cpu".into()).parse()?;
+    let contexts: Vec<usize> = arg("--contexts")
+        .unwrap_or_else(|| "1000".into())
+        .split(',')
+        .map(|s| s.parse().expect("--contexts takes numbers"))
+        .collect();
+    let longest = contexts.iter().max().copied().unwrap_or(1000);
+    let config = Config {
+        device,
+        kvcache_block_size: if device == Device::Cpu { 16 } else { 256 },
+        cpu_kv_cache_bytes: 256 << 20,
+        max_model_len: longest + 256,
+        max_num_batched_tokens: (longest + 256).max(16384),
+        enable_prefix_caching: false,
+        seed: Some(0),
+        ..Config::default()
+    };
+    // The model: a config with random weights, or the embedded model.
+    let (model_config, weights, tokenizer_dir) = match arg("--config") {
+        Some(path) => {
+            let c = phase2::ModelConfig::from_file(std::path::Path::new(&path))?;
+            let w = phase2::Weights::random(&c, 0);
+            (c, w, None)
+        }
+        None => {
+            let dir = phase6::default_model_dir();
+            let c = phase2::ModelConfig::from_file(&dir.join("config.json"))?;
+            (c, phase2::Weights::open(&dir)?, Some(dir))
+        }
+    };
+    let tokenizer = || {
+        tokenizer_dir
+            .as_deref()
+            .map(phase2::Tokenizer::from_dir)
+            .transpose()
+    };
+    let vocab = model_config.vocab_size.min(10_000) as u32;
+    let ids = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 7919 + salt * 104_729) % vocab)
+            .collect()
+    };
+    let llm = LLM::with_weights(model_config.clone(), &weights, tokenizer()?, config.clone())?;
+    eprintln!("{}", llm.startup_report());
+    let mut chunks = ChunkedLLM::from_llm(
+        llm,
         ChunkConfig {
-            engine: config(),
+            chunk_memory_ratio: 0.9,
             ..ChunkConfig::default()
         },
     )?;
-    let tok = phase2::Tokenizer::from_dir(&dir)?;
-    // About 1,000 tokens of context: the model card's text, repeated as needed.
-    let mut context = String::new();
-    while tok.encode(&context)?.len() < 1000 {
-        context.push_str(CORPUS);
-    }
-    let ids = tok.encode(&context)?;
-    let context = tok.decode(&ids[..1000], false)?;
-    let system = "You answer questions about the document below.\n";
-    let query = "\nQUESTION: What is the model trained on?\nANSWER:";
-
-    let sys = chunks.register_chunk(system, ChunkType::SystemPrompt, BTreeMap::new())?;
-    let ctx = chunks.register_chunk(&context, ChunkType::Context, BTreeMap::new())?;
-    let q = chunks.register_chunk(query, ChunkType::Query, BTreeMap::new())?;
+    let mut plain = LLM::with_weights(model_config, &weights, tokenizer()?, config)?;
+    drop(weights);
     let first_token = SamplingParams::greedy().with_max_tokens(1);
-    // The first composition computes the context after the system prompt once.
-    let t = Instant::now();
-    let first = chunks.generate_from_chunks(&sys, &[&ctx], &q, first_token.clone())?;
-    let first_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut cached_ms = Vec::new();
-    for _ in 0..5 {
+
+    println!(
+        "| context tokens | recompute the prompt | first composition | registered, chain cached | speed-up |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (k, &n) in contexts.iter().enumerate() {
+        let system = ids(40, 1);
+        let context = ids(n, 2 + k as u32);
+        let query = ids(16, 3);
+        let none = BTreeMap::new;
+        let sys = chunks.register_chunk_tokens(&system, ChunkType::SystemPrompt, none())?;
+        let ctx = chunks.register_chunk_tokens(&context, ChunkType::Context, none())?;
+        let q = chunks.register_chunk_tokens(&query, ChunkType::Query, none())?;
         let t = Instant::now();
         chunks.generate_from_chunks(&sys, &[&ctx], &q, first_token.clone())?;
-        cached_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let cached: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                chunks
+                    .generate_from_chunks(&sys, &[&ctx], &q, first_token.clone())
+                    .map(|_| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_, _>>()?;
+        let all: Vec<u32> = [system, context, query].concat();
+        let recompute: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                plain
+                    .generate(&[Prompt::Tokens(all.clone())], first_token.clone(), false)
+                    .map(|_| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_, _>>()?;
+        let (cached, recompute) = (median(cached), median(recompute));
+        println!(
+            "| {n} | {recompute:.1} ms | {first_ms:.1} ms | {cached:.1} ms | {:.1}x |",
+            recompute / cached
+        );
+        chunks.clear_chunks(None);
     }
-
-    // Recomputing: plain generation of the same tokens, prefix cache off.
-    let mut llm = LLM::new(&dir, config())?;
-    let mut all = tok.encode(system)?;
-    all.extend(tok.encode(&context)?);
-    all.extend(tok.encode(query)?);
-    let mut recompute_ms = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        llm.generate(&[Prompt::Tokens(all.clone())], first_token.clone(), false)?;
-        recompute_ms.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (cached, recompute) = (median(&mut cached_ms), median(&mut recompute_ms));
-    println!(
-        "prompt: {} tokens ({} of them in the registered context)",
-        first.prompt_tokens, 1000
-    );
-    println!("| | time to first token |");
-    println!("| --- | --- |");
-    println!("| recompute the whole prompt | {recompute:.1} ms |");
-    println!("| first composition (computes the context chain once) | {first_ms:.1} ms |");
-    println!("| registered chunks, chain cached | {cached:.1} ms |");
-    println!("speed-up: {:.1}x", recompute / cached);
     Ok(())
 }
