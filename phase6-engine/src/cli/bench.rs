@@ -31,6 +31,9 @@ pub struct BenchArgs {
     /// Where to write the results
     #[arg(long, default_value = "bench.json")]
     pub json: PathBuf,
+    /// Also write the workload (prompt ids and output lengths) as JSON, for other engines
+    #[arg(long)]
+    pub workload_out: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -71,6 +74,15 @@ pub fn run(args: BenchArgs) -> Result<(), Error> {
         temperature: args.temperature,
     };
     let work = spec.build(llm.model_config().vocab_size);
+    if let Some(path) = &args.workload_out {
+        let requests: Vec<serde_json::Value> = work
+            .iter()
+            .map(|w| serde_json::json!({ "prompt_ids": w.prompt, "max_tokens": w.params.max_tokens }))
+            .collect();
+        let json = serde_json::json!({ "workload": spec, "requests": requests });
+        std::fs::write(path, json.to_string())
+            .map_err(|e| Error::Internal(format!("{}: {e}", path.display())))?;
+    }
 
     // Warm up (kernel compilation, graph capture, caches) outside the timed run.
     llm.generate(
