@@ -13,6 +13,7 @@ mod llm;
 mod prompt;
 pub mod report;
 mod runner_select;
+pub mod server;
 mod stream;
 pub mod workload;
 

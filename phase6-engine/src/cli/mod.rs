@@ -1,14 +1,16 @@
 //! `nanoserve`: the command line of the engine.
 //!
-//! `generate` streams completions, `chat` is an interactive conversation, `bench` runs the
-//! nano-vllm throughput workload, `report` runs the phase-by-phase comparison. Every command
-//! takes the same model and engine options; the default model is the embedded tiny
-//! Shakespeare model, so everything works on a fresh machine with no network.
+//! `generate` streams completions, `chat` is an interactive conversation, `serve` is an
+//! OpenAI-compatible HTTP server, `bench` runs the nano-vllm throughput workload, `report`
+//! runs the phase-by-phase comparison. Every command takes the same model and engine options;
+//! the default model is the embedded tiny Shakespeare model, so everything works on a fresh
+//! machine with no network.
 
 mod bench;
 pub mod chat;
 mod generate;
 mod report;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -36,6 +38,8 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Chat with the model (type /help for commands)
     Chat(chat::ChatArgs),
+    /// Serve the model over HTTP with the OpenAI API (/v1/completions, /v1/chat/completions)
+    Serve(serve::ServeArgs),
     /// Measure throughput on the nano-vllm workload (random prompts and output lengths)
     Bench(bench::BenchArgs),
     /// Serve one workload five ways (chapter by chapter) and write a Markdown report with plots
@@ -175,6 +179,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Report(args) => report::run(args),
     }

@@ -1,0 +1,244 @@
+//! The OpenAI wire format: what a parsed generation request asks for, and the JSON of the
+//! answers and stream chunks of `/v1/completions` and `/v1/chat/completions`. Answers are
+//! written with `json!`, so the shape a client receives can be read straight off the code.
+
+use phase0::{SamplingParams, TokenId};
+use phase2::ChatMessage;
+use serde_json::{Value, json};
+
+use super::engine_thread::Finish;
+
+/// The prompt of a request, before tokenization (which happens on the engine thread).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<TokenId>),
+    /// Rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+impl PromptInput {
+    /// The request field the prompt came from, for error messages.
+    pub fn param(&self) -> &'static str {
+        match self {
+            PromptInput::Chat(_) => "messages",
+            _ => "prompt",
+        }
+    }
+}
+
+/// Everything a generation request asks for, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// The model the client named, if it named one.
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub params: SamplingParams,
+    /// Stop strings (never empty strings).
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the token counts.
+    pub include_usage: bool,
+    /// Extension (as in vLLM): each choice and chunk carries the generated token ids.
+    pub return_token_ids: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    ChatCompletions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    fn json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+}
+
+/// The parts every answer to one request shares: endpoint, id, creation time, model name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseShape {
+    pub endpoint: Endpoint,
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub return_token_ids: bool,
+}
+
+impl ResponseShape {
+    fn envelope(&self, object: &str, choices: Vec<Value>, usage: Option<Usage>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u.json();
+        }
+        v
+    }
+
+    fn with_tokens(&self, mut choice: Value, tokens: &[TokenId]) -> Value {
+        if self.return_token_ids {
+            choice["token_ids"] = json!(tokens);
+        }
+        choice
+    }
+
+    /// The whole answer of a request that did not stream.
+    pub fn complete(&self, text: &str, tokens: &[TokenId], finish: Finish, usage: Usage) -> Value {
+        let (object, choice) = match self.endpoint {
+            Endpoint::Completions => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()}),
+            ),
+            Endpoint::ChatCompletions => (
+                "chat.completion",
+                json!({
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": null,
+                    "finish_reason": finish.as_str(),
+                }),
+            ),
+        };
+        let choice = self.with_tokens(choice, tokens);
+        self.envelope(object, vec![choice], Some(usage))
+    }
+
+    fn chunk(&self, choices: Vec<Value>, usage: Option<Usage>) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::ChatCompletions => "chat.completion.chunk",
+        };
+        self.envelope(object, choices, usage)
+    }
+
+    /// The chunk a stream opens with: chat announces the assistant's role.
+    pub fn opening_chunk(&self) -> Option<Value> {
+        match self.endpoint {
+            Endpoint::Completions => None,
+            Endpoint::ChatCompletions => Some(self.chunk(
+                vec![json!({
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                })],
+                None,
+            )),
+        }
+    }
+
+    /// A chunk with new text (and the token that completed it, when one did).
+    pub fn delta_chunk(&self, text: &str, token: Option<TokenId>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
+            }
+            Endpoint::ChatCompletions => json!({
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": null,
+                "finish_reason": null,
+            }),
+        };
+        let tokens: Vec<TokenId> = token.into_iter().collect();
+        self.chunk(vec![self.with_tokens(choice, &tokens)], None)
+    }
+
+    /// The chunk that ends the choice, with its reason.
+    pub fn finish_chunk(&self, finish: Finish) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish.as_str()})
+            }
+            Endpoint::ChatCompletions => json!({
+                "index": 0,
+                "delta": {},
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+            }),
+        };
+        self.chunk(vec![choice], None)
+    }
+
+    /// The last chunk when the client asked for usage: no choices, the token counts.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(endpoint: Endpoint) -> ResponseShape {
+        ResponseShape {
+            endpoint,
+            id: "cmpl-1".into(),
+            created: 7,
+            model: "tiny".into(),
+            return_token_ids: true,
+        }
+    }
+
+    #[test]
+    fn answers_have_the_openai_shape() {
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+        };
+        let v = shape(Endpoint::Completions).complete("ab", &[5, 6], Finish::Length, usage);
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "ab");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["choices"][0]["token_ids"], json!([5, 6]));
+        assert_eq!(v["usage"]["total_tokens"], 5);
+        let v = shape(Endpoint::ChatCompletions).complete("ab", &[], Finish::Stop, usage);
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn chunks_have_the_openai_shape() {
+        let chat = shape(Endpoint::ChatCompletions);
+        let open = chat.opening_chunk().unwrap();
+        assert_eq!(open["object"], "chat.completion.chunk");
+        assert_eq!(open["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(
+            chat.delta_chunk("x", Some(9))["choices"][0]["delta"]["content"],
+            "x"
+        );
+        assert_eq!(
+            chat.finish_chunk(Finish::Stop)["choices"][0]["delta"],
+            json!({})
+        );
+        let u = chat.usage_chunk(Usage {
+            prompt_tokens: 1,
+            completion_tokens: 1,
+        });
+        assert_eq!(u["choices"], json!([]));
+        assert_eq!(u["usage"]["total_tokens"], 2);
+        let text = shape(Endpoint::Completions);
+        assert!(text.opening_chunk().is_none());
+        assert_eq!(
+            text.delta_chunk("y", None)["choices"][0]["token_ids"],
+            json!([])
+        );
+    }
+}

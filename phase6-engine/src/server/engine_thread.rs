@@ -1,0 +1,369 @@
+//! The engine thread: one OS thread owns the model and runs the step loop; HTTP handlers
+//! reach it only through [`Command`]s on a channel.
+//!
+//! A thread of its own, because a step is long and CPU-bound (or waits on the GPU) and must
+//! not stall the async runtime, and because the model may hold handles bound to the thread
+//! that made them (a CUDA context): it is built on this thread and never leaves it. The loop
+//! sleeps on the channel while there is no work; otherwise it takes every waiting command,
+//! aborts the requests whose clients left, runs one step and hands each request its new
+//! tokens. The tokens come through the engine's per-request stream channels, so a command
+//! that steps the engine itself (a chunk generation run to completion) loses none.
+//!
+//! A request is answered twice: once on a oneshot channel when it is admitted or refused
+//! (so an HTTP handler can still choose the status code), then with a stream of
+//! [`GenEvent`]s. Dropping that stream's receiver is how a handler says the client is gone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::thread;
+use std::time::Instant;
+
+use phase0::{SamplingParams, SeqId, TokenId};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::oneshot;
+
+use super::active::{Active, Ended};
+use super::api_types::PromptInput;
+use super::errors::ApiError;
+use super::stats::{Counters, EngineStats};
+use super::stop::StopStrings;
+use crate::chunks::{ChunkConfig, ChunkedLLM};
+use crate::error::Error;
+use crate::llm::LLM;
+use crate::prompt::Prompt;
+
+/// What the HTTP side may ask of the engine. Each variant that expects an answer carries
+/// the channel to send it on.
+pub enum Command {
+    Generate(GenerateJob),
+    Stats(oneshot::Sender<EngineStats>),
+}
+
+pub struct GenerateJob {
+    pub prompt: PromptInput,
+    pub params: SamplingParams,
+    pub stop: Vec<String>,
+    pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
+    pub events: UnboundedSender<GenEvent>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub id: SeqId,
+    pub prompt_tokens: usize,
+}
+
+/// Why a choice ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the model's length limit.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What an admitted request receives, in order: deltas, then `Finished` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenEvent {
+    /// New text (possibly empty while a character or a possible stop string is incomplete)
+    /// and the token that produced it (`None` for held-back text released at the end).
+    Delta {
+        text: String,
+        token: Option<TokenId>,
+    },
+    Finished {
+        reason: Finish,
+        completion_tokens: usize,
+    },
+    Failed(ApiError),
+}
+
+/// What the server needs to know about the model before any request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// Longest prompt + output, clamped to the model.
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub startup: String,
+}
+
+/// An admitted request: its id, prompt size and the stream of its events.
+pub struct Generation {
+    pub admitted: Admitted,
+    pub events: UnboundedReceiver<GenEvent>,
+}
+
+/// The HTTP side's end of the engine thread; clones share the one thread. The thread stops
+/// when the last handle is dropped.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    info: Arc<EngineInfo>,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the flag when the engine thread ends, however it ends.
+struct AliveFlag(Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+fn stopped() -> ApiError {
+    ApiError::unavailable("the engine has stopped")
+}
+
+impl EngineHandle {
+    /// Starts the engine thread, builds the model on it with `build`, and returns once the
+    /// model is ready (or with the error that kept it from loading).
+    pub fn spawn<F>(build: F) -> Result<Self, Error>
+    where
+        F: FnOnce() -> Result<LLM, Error> + Send + 'static,
+    {
+        let (commands, inbox) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
+        thread::Builder::new()
+            .name("nano-engine".into())
+            .spawn(move || {
+                let _flag = flag;
+                let model =
+                    build().and_then(|llm| ChunkedLLM::from_llm(llm, ChunkConfig::default()));
+                match model {
+                    Ok(model) => {
+                        let llm = model.llm();
+                        let info = EngineInfo {
+                            max_model_len: llm.config().max_model_len,
+                            vocab_size: llm.model_config().vocab_size,
+                            startup: llm.startup_report().to_string(),
+                        };
+                        let _ = ready_tx.send(Ok(info));
+                        EngineLoop::new(model, inbox).run();
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        let info = ready_rx.recv().map_err(|_| {
+            Error::Internal("the engine thread ended while loading the model".into())
+        })??;
+        Ok(Self {
+            commands,
+            info: Arc::new(info),
+            alive,
+        })
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Sends a command that carries a reply channel and waits for the reply.
+    pub async fn call<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())
+    }
+
+    /// Queues a request; returns once the engine admitted it, or with why it did not.
+    pub async fn generate(
+        &self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        stop: Vec<String>,
+    ) -> Result<Generation, ApiError> {
+        let (events_tx, events) = unbounded_channel();
+        let admitted = self
+            .call(|admitted| {
+                Command::Generate(GenerateJob {
+                    prompt,
+                    params,
+                    stop,
+                    admitted,
+                    events: events_tx,
+                })
+            })
+            .await??;
+        Ok(Generation { admitted, events })
+    }
+
+    pub async fn stats(&self) -> Result<EngineStats, ApiError> {
+        self.call(Command::Stats).await
+    }
+}
+
+struct EngineLoop {
+    model: ChunkedLLM,
+    inbox: Receiver<Command>,
+    active: HashMap<SeqId, Active>,
+    counters: Counters,
+}
+
+impl EngineLoop {
+    fn new(model: ChunkedLLM, inbox: Receiver<Command>) -> Self {
+        Self {
+            model,
+            inbox,
+            active: HashMap::new(),
+            counters: Counters::new(Instant::now()),
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.model.llm().is_finished() {
+                match self.inbox.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.inbox.try_recv() {
+                    Ok(command) => self.handle(command),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            self.drop_departed();
+            if !self.model.llm().is_finished()
+                && let Err(e) = self.model.llm_mut().step()
+            {
+                self.fail_all(e);
+            }
+            self.forward();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Generate(job) => self.admit(job),
+            Command::Stats(reply) => {
+                let _ = reply.send(self.counters.snapshot(self.model.llm(), Instant::now()));
+            }
+        }
+    }
+
+    fn encode(&self, prompt: PromptInput) -> Result<Vec<TokenId>, Error> {
+        let llm = self.model.llm();
+        match prompt {
+            PromptInput::Tokens(ids) => Ok(ids),
+            PromptInput::Text(text) => llm.encode(&Prompt::Text(text)),
+            PromptInput::Chat(messages) => {
+                llm.encode(&Prompt::Text(llm.apply_chat_template(&messages)?))
+            }
+        }
+    }
+
+    fn admit(&mut self, job: GenerateJob) {
+        let param = job.prompt.param();
+        let queued = self.encode(job.prompt).and_then(|ids| {
+            let prompt_tokens = ids.len();
+            let (id, tokens) = self
+                .model
+                .llm_mut()
+                .add_request_streaming(Prompt::Tokens(ids), job.params)?;
+            Ok((id, prompt_tokens, tokens))
+        });
+        match queued {
+            Err(e) => {
+                self.counters.rejected();
+                let _ = job.admitted.send(Err(ApiError::rejected(e, param)));
+            }
+            Ok((id, prompt_tokens, tokens)) => {
+                self.counters.admitted(prompt_tokens);
+                if job
+                    .admitted
+                    .send(Ok(Admitted { id, prompt_tokens }))
+                    .is_err()
+                {
+                    self.model.llm_mut().abort(id);
+                    self.counters.ended(Ended::ClientGone);
+                    return;
+                }
+                let stops = StopStrings::new(job.stop);
+                self.active
+                    .insert(id, Active::new(tokens, job.events, stops));
+            }
+        }
+    }
+
+    fn end(&mut self, id: SeqId, how: Ended) {
+        self.active.remove(&id);
+        if how.needs_abort() {
+            self.model.llm_mut().abort(id);
+        }
+        self.counters.ended(how);
+    }
+
+    /// Aborts the requests whose clients disconnected: their pages come back now.
+    fn drop_departed(&mut self) {
+        let gone: Vec<SeqId> = self
+            .active
+            .iter()
+            .filter(|(_, a)| a.is_gone())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.end(id, Ended::ClientGone);
+        }
+    }
+
+    /// Hands every request the tokens the engine produced for it.
+    fn forward(&mut self) {
+        let tokenizer = self.model.llm().tokenizer();
+        let mut ended = Vec::new();
+        let mut produced = 0;
+        for (id, a) in &mut self.active {
+            let before = a.completion_tokens();
+            if let Some(how) = a.forward(tokenizer) {
+                ended.push((*id, how));
+            }
+            produced += a.completion_tokens() - before;
+        }
+        self.counters.generated(produced, Instant::now());
+        for (id, how) in ended {
+            self.end(id, how);
+        }
+    }
+
+    /// A step failed: which request caused it is unknown, so every request in flight ends
+    /// with the error and gives its pages back; the loop itself goes on.
+    fn fail_all(&mut self, e: Error) {
+        eprintln!(
+            "nanoserve: engine step failed ({e}); ending the {} requests in flight",
+            self.active.len()
+        );
+        let err = match e {
+            Error::OutOfMemory(why) => ApiError::unavailable(format!("out of KV memory: {why}")),
+            other => ApiError::internal(format!("engine step failed: {other}")),
+        };
+        for (id, a) in self.active.drain() {
+            a.fail(err.clone());
+            self.model.llm_mut().abort(id);
+            self.counters.ended(Ended::Failed);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The OpenAI endpoints: `/v1/completions`, `/v1/chat/completions` and `/v1/models`. A
+//! generation handler checks the request, hands it to the engine thread, and answers with
+//! the whole text once it is done or, with `"stream": true`, with a stream of chunks.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::api_types::{Endpoint, GenerationRequest, ResponseShape, Usage};
+use super::body::JsonBody;
+use super::engine_thread::{GenEvent, Generation};
+use super::errors::ApiError;
+use super::routes::AppState;
+use super::{request, sse};
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub async fn completions(
+    State(app): State<AppState>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let req = request::completion(&body, app.engine.info())?;
+    generate(&app, req, Endpoint::Completions).await
+}
+
+pub async fn chat_completions(
+    State(app): State<AppState>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    let req = request::chat(&body, app.engine.info())?;
+    generate(&app, req, Endpoint::ChatCompletions).await
+}
+
+pub async fn models(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": &*app.model_name,
+            "object": "model",
+            "created": app.started,
+            "owned_by": "nano-serving",
+            "max_model_len": app.engine.info().max_model_len,
+        }],
+    }))
+}
+
+async fn generate(
+    app: &AppState,
+    req: GenerationRequest,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
+    if let Some(model) = &req.model
+        && **model != *app.model_name
+    {
+        let err = ApiError::not_found(format!(
+            "the model {model:?} does not exist; this server serves {:?}",
+            app.model_name
+        ));
+        return Err(ApiError {
+            param: Some("model".into()),
+            ..err.with_code("model_not_found")
+        });
+    }
+    let generation = app
+        .engine
+        .generate(req.prompt, req.params, req.stop)
+        .await?;
+    let prefix = match endpoint {
+        Endpoint::Completions => "cmpl",
+        Endpoint::ChatCompletions => "chatcmpl",
+    };
+    let shape = ResponseShape {
+        endpoint,
+        id: format!("{prefix}-{:x}-{}", app.started, generation.admitted.id),
+        created: unix_now(),
+        model: app.model_name.to_string(),
+        return_token_ids: req.return_token_ids,
+    };
+    if req.stream {
+        Ok(sse::response(generation, shape, req.include_usage))
+    } else {
+        collect(generation, shape).await
+    }
+}
+
+/// Waits for the whole answer. If the client leaves first, this future is dropped with the
+/// receiver, and the engine thread aborts the request.
+async fn collect(mut generation: Generation, shape: ResponseShape) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = generation.events.recv().await {
+        match event {
+            GenEvent::Delta { text: t, token } => {
+                text.push_str(&t);
+                tokens.extend(token);
+            }
+            GenEvent::Finished {
+                reason,
+                completion_tokens,
+            } => {
+                let usage = Usage {
+                    prompt_tokens: generation.admitted.prompt_tokens,
+                    completion_tokens,
+                };
+                return Ok(Json(shape.complete(&text, &tokens, reason, usage)).into_response());
+            }
+            GenEvent::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::unavailable("the engine stopped"))
+}

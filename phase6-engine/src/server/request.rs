@@ -1,0 +1,397 @@
+//! From a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
+//! `/v1/chat/completions`, OpenAI's defaults for them, and a 400 naming the field for
+//! anything this server cannot do as asked.
+//!
+//! Unknown fields are ignored, as OpenAI-compatible servers do. Known features this server
+//! lacks (`n` > 1, log-probabilities, penalties, tools) are refused instead: ignoring them
+//! would quietly give the client something else than it asked for.
+
+use phase0::{SamplingParams, TokenId};
+use phase2::ChatMessage;
+use serde_json::Value;
+
+use super::api_types::{GenerationRequest, PromptInput};
+use super::body::{JsonBody, kind_of};
+use super::engine_thread::EngineInfo;
+use super::errors::ApiError;
+
+/// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room).
+const COMPLETION_MAX_TOKENS: usize = 16;
+
+const UNSUPPORTED: [&str; 10] = [
+    "best_of",
+    "echo",
+    "suffix",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "tools",
+    "functions",
+];
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+pub fn completion(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
+    let prompt = completion_prompt(body.raw("prompt"), info.vocab_size)?;
+    let max_tokens = body
+        .get::<usize>("max_tokens")?
+        .unwrap_or(COMPLETION_MAX_TOKENS);
+    common(body, prompt, max_tokens)
+}
+
+pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
+    let messages = chat_messages(body.raw("messages"))?;
+    let max_tokens = match body.get::<usize>("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => body.get::<usize>("max_tokens")?,
+    };
+    common(
+        body,
+        PromptInput::Chat(messages),
+        max_tokens.unwrap_or(info.max_model_len),
+    )
+}
+
+fn common(
+    body: &JsonBody,
+    prompt: PromptInput,
+    max_tokens: usize,
+) -> Result<GenerationRequest, ApiError> {
+    refuse_unsupported(body)?;
+    if let Some(n) = body.get::<u64>("n")?
+        && n != 1
+    {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n = {n}: only n = 1 is supported"),
+        ));
+    }
+    let params = SamplingParams {
+        temperature: body.get("temperature")?.unwrap_or(1.0),
+        top_p: body.get("top_p")?.unwrap_or(1.0),
+        top_k: body.get("top_k")?.unwrap_or(-1),
+        max_tokens,
+        ignore_eos: body.get("ignore_eos")?.unwrap_or(false),
+        seed: body.get("seed")?,
+        stop_token_ids: body.get("stop_token_ids")?.unwrap_or_default(),
+    };
+    params
+        .validate()
+        .map_err(|e| ApiError::rejected(e.into(), prompt.param()))?;
+    Ok(GenerationRequest {
+        model: body.get("model")?,
+        prompt,
+        params,
+        stop: stop_strings(body.raw("stop"))?,
+        stream: body.get("stream")?.unwrap_or(false),
+        include_usage: include_usage(body.raw("stream_options"))?,
+        return_token_ids: body.get("return_token_ids")?.unwrap_or(false),
+    })
+}
+
+/// Whether a value asks for the feature (rather than restating its default).
+fn asks_for(name: &str, v: &Value) -> bool {
+    let default = if name == "best_of" { 1.0 } else { 0.0 };
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(default),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+fn refuse_unsupported(body: &JsonBody) -> Result<(), ApiError> {
+    for name in UNSUPPORTED {
+        if body.raw(name).is_some_and(|v| asks_for(name, v)) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} is not supported by this server"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn include_usage(options: Option<&Value>) -> Result<bool, ApiError> {
+    let Some(options) = options else {
+        return Ok(false);
+    };
+    let Value::Object(o) = options else {
+        return Err(ApiError::invalid(
+            "stream_options",
+            format!("stream_options must be an object, not {}", kind_of(options)),
+        ));
+    };
+    match o.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::invalid(
+            "stream_options.include_usage",
+            format!(
+                "stream_options.include_usage must be a boolean, not {}",
+                kind_of(other)
+            ),
+        )),
+    }
+}
+
+fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(ApiError::invalid(
+                    "stop",
+                    format!("stop[{i}] must be a string, not {}", kind_of(other)),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "stop must be a string or a list of strings, not {}",
+                    kind_of(other)
+                ),
+            ));
+        }
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    Ok(stops)
+}
+
+fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<TokenId>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .filter(|&id| id < vocab_size as u64)
+                .map(|id| id as TokenId)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!("prompt[{i}] = {v}: token ids must be integers in 0..{vocab_size}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// A string, a list of token ids, or a list holding one of either.
+fn completion_prompt(prompt: Option<&Value>, vocab_size: usize) -> Result<PromptInput, ApiError> {
+    let one_only = |n: usize| {
+        ApiError::invalid(
+            "prompt",
+            format!("only one prompt per request is supported, got {n}"),
+        )
+    };
+    match prompt {
+        None => Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(s)) => Ok(PromptInput::Text(s.clone())),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => Err(ApiError::invalid("prompt", "the prompt is empty")),
+            [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
+            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids(ids, vocab_size)?)),
+            [Value::String(_) | Value::Array(_), ..] => Err(one_only(items.len())),
+            _ => Ok(PromptInput::Tokens(token_ids(items, vocab_size)?)),
+        },
+        Some(other) => Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "prompt must be a string or a list of token ids, not {}",
+                kind_of(other)
+            ),
+        )),
+    }
+}
+
+/// A message's content: a string, or a list of text parts (joined).
+fn content(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, part)| {
+                let text = part
+                    .get("type")
+                    .filter(|t| *t == "text")
+                    .and_then(|_| part.get("text"))
+                    .and_then(Value::as_str);
+                text.ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{param}[{j}]"),
+                        format!("{param}[{j}]: only {{\"type\": \"text\", \"text\": ...}} parts are supported"),
+                    )
+                })
+            })
+            .collect(),
+        Some(other) => Err(ApiError::invalid(
+            param,
+            format!(
+                "{param} must be a string or a list of text parts, not {}",
+                kind_of(other)
+            ),
+        )),
+    }
+}
+
+fn chat_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match messages {
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("messages must be a list, not {}", kind_of(other)),
+            ));
+        }
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role_param = format!("messages[{i}].role");
+            let role = match m.get("role") {
+                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.as_str(),
+                Some(Value::String(r)) => {
+                    return Err(ApiError::invalid(
+                        role_param.clone(),
+                        format!("{role_param} = {r:?}: expected one of {}", ROLES.join(", ")),
+                    ));
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        role_param.clone(),
+                        format!("{role_param} is required and must be a string"),
+                    ));
+                }
+            };
+            let role = if role == "developer" { "system" } else { role };
+            let text = content(m.get("content"), &format!("messages[{i}].content"))?;
+            Ok(ChatMessage::new(role, text))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> EngineInfo {
+        EngineInfo {
+            max_model_len: 100,
+            vocab_size: 50,
+            startup: String::new(),
+        }
+    }
+
+    fn body(json: &str) -> JsonBody {
+        JsonBody::parse(json.as_bytes()).unwrap()
+    }
+
+    fn param_of(json: &str) -> String {
+        let b = body(json);
+        let err = if b.raw("messages").is_some() {
+            chat(&b, &info())
+        } else {
+            completion(&b, &info())
+        }
+        .unwrap_err();
+        assert_eq!(err.status, 400, "{err:?}");
+        err.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_are_openai_ones() {
+        let r = completion(&body(r#"{"prompt": "hi"}"#), &info()).unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("hi".into()));
+        assert_eq!(r.params.max_tokens, 16);
+        assert_eq!(r.params.temperature, 1.0);
+        assert!(!r.stream && r.stop.is_empty());
+        let r = chat(
+            &body(r#"{"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x", "stream": true, "stream_options": {"include_usage": true}}"#),
+            &info(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            PromptInput::Chat(vec![ChatMessage::new("system", "ab")])
+        );
+        assert_eq!(r.params.max_tokens, 100);
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn prompts_take_every_openai_form() {
+        let p = |json: &str| completion(&body(json), &info()).unwrap().prompt;
+        assert_eq!(p(r#"{"prompt": ["a"]}"#), PromptInput::Text("a".into()));
+        assert_eq!(p(r#"{"prompt": [1, 2]}"#), PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(p(r#"{"prompt": [[3]]}"#), PromptInput::Tokens(vec![3]));
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        assert_eq!(param_of(r#"{}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": 5}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": ["a", "b"]}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": [1, 50]}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": [1, -1]}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": "a", "n": 2}"#), "n");
+        assert_eq!(
+            param_of(r#"{"prompt": "a", "temperature": -1}"#),
+            "temperature"
+        );
+        assert_eq!(param_of(r#"{"prompt": "a", "top_p": 0}"#), "top_p");
+        assert_eq!(param_of(r#"{"prompt": "a", "top_k": 0}"#), "top_k");
+        assert_eq!(
+            param_of(r#"{"prompt": "a", "max_tokens": 0}"#),
+            "max_tokens"
+        );
+        assert_eq!(
+            param_of(r#"{"prompt": "a", "max_tokens": "9"}"#),
+            "max_tokens"
+        );
+        assert_eq!(param_of(r#"{"prompt": "a", "seed": -3}"#), "seed");
+        assert_eq!(param_of(r#"{"prompt": "a", "stop": [""]}"#), "stop");
+        assert_eq!(param_of(r#"{"prompt": "a", "stop": 3}"#), "stop");
+        assert_eq!(param_of(r#"{"prompt": "a", "stream": "yes"}"#), "stream");
+        assert_eq!(param_of(r#"{"prompt": "a", "logprobs": 2}"#), "logprobs");
+        assert_eq!(param_of(r#"{"prompt": "a", "best_of": 3}"#), "best_of");
+        assert_eq!(
+            param_of(r#"{"prompt": "a", "stream_options": {"include_usage": 1}}"#),
+            "stream_options.include_usage"
+        );
+        assert_eq!(param_of(r#"{"messages": []}"#), "messages");
+        assert_eq!(
+            param_of(r#"{"messages": [{"role": "king", "content": "x"}]}"#),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param_of(r#"{"messages": [{"role": "user", "content": 4}]}"#),
+            "messages[0].content"
+        );
+        // Defaults restated are fine.
+        completion(
+            &body(r#"{"prompt": "a", "n": 1, "best_of": 1, "logprobs": null, "echo": false}"#),
+            &info(),
+        )
+        .unwrap();
+    }
+}

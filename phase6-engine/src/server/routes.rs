@@ -1,0 +1,71 @@
+//! The router: which path goes to which handler, which of them want the API key, the body
+//! size limit, and OpenAI-shaped answers for unknown paths and methods. New endpoints (the
+//! chunk API) are one `.route` line in `api_routes` each.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use super::engine_thread::EngineHandle;
+use super::errors::ApiError;
+use super::{auth, metrics, openai};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    /// The name clients give as `model` and `/v1/models` lists.
+    pub model_name: Arc<str>,
+    pub api_key: Option<Arc<str>>,
+    pub max_body_bytes: usize,
+    /// Unix seconds when the server started: the model's `created`, and part of answer ids.
+    pub started: u64,
+}
+
+/// The endpoints behind the API key.
+fn api_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/metrics", get(metrics::metrics))
+}
+
+pub fn router(state: AppState) -> Router {
+    let protected = api_routes().route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_api_key,
+    ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+/// 200 while the engine thread runs, 503 once it has stopped.
+async fn health(State(app): State<AppState>) -> Response {
+    if app.engine.is_alive() {
+        (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response()
+    } else {
+        ApiError::unavailable("the engine has stopped").into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "no such endpoint; see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
