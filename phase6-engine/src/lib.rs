@@ -19,7 +19,8 @@ pub mod workload;
 
 pub use chunks::{
     Chunk, ChunkConfig, ChunkFilter, ChunkInfo, ChunkOutput, ChunkStats, ChunkType, ChunkedLLM,
-    Composition, CompositionMode, CompositionPreview, KvBlocks, VirtualSequence, metadata_map,
+    Composition, CompositionMode, CompositionPreview, KvBlocks, QueuedFromChunks, VirtualSequence,
+    metadata_map,
 };
 pub use config::{Config, Device};
 pub use error::Error;

@@ -13,11 +13,12 @@ mod types;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, SystemTime};
 
 use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::BlockTable;
-use phase5::FinishedRequest;
+use phase5::{FinishedRequest, StreamEvent};
 use sha2::{Digest, Sha256};
 
 pub use store::metadata_map;
@@ -47,6 +48,18 @@ impl VirtualSequence {
         p.extend_from_slice(&self.new_tokens);
         p
     }
+}
+
+/// A generation from chunks that is queued in the engine (see
+/// [`ChunkedLLM::add_request_from_chunks`]).
+#[derive(Debug)]
+pub struct QueuedFromChunks {
+    pub id: SeqId,
+    /// Its tokens as they are produced, then its finish reason.
+    pub events: Receiver<StreamEvent>,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from chunks.
+    pub cached_tokens: usize,
 }
 
 pub struct ChunkedLLM {
@@ -536,6 +549,35 @@ impl ChunkedLLM {
             .zip(cached)
             .map(|((f, c), n)| self.output(f, n, comp_ids(c)))
             .collect()
+    }
+
+    /// Queues a generation from one composition without running it, for a caller that runs
+    /// the step loop itself (the HTTP server): the request joins the batch like any other and
+    /// its tokens come on the returned channel. Missing chunk K/V is computed first. The
+    /// request holds the chunk pages it reads until it ends, so deleting a chunk meanwhile is
+    /// safe; nothing is kept as the conversation.
+    pub fn add_request_from_chunks(
+        &mut self,
+        c: &Composition,
+        params: SamplingParams,
+    ) -> Result<QueuedFromChunks, Error> {
+        let (segments, tokens) = self.build(c, &mut HashSet::new())?;
+        let cached_tokens = segments.iter().map(BlockTable::num_tokens).sum();
+        let prompt_tokens = tokens.len();
+        let engine = self.llm.engine_mut();
+        let id = engine.add_request_with_kv(tokens, params, segments, false)?;
+        let events = engine.subscribe(id).expect("just queued");
+        Ok(QueuedFromChunks {
+            id,
+            events,
+            prompt_tokens,
+            cached_tokens,
+        })
+    }
+
+    /// Pages the chunk API holds: chunk and chain K/V and the kept conversation.
+    pub fn kv_pages_held(&self) -> usize {
+        self.store.pages_held() + self.conversation.as_ref().map_or(0, KvBlocks::num_pages)
     }
 
     /// What a composition would cost and which parts are ready, without running it.

@@ -6,7 +6,8 @@ use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
 use serde_json::{Value, json};
 
-use super::engine_thread::Finish;
+use super::engine_thread::{Admitted, Finish};
+use crate::chunks::Composition;
 
 /// The prompt of a request, before tokenization (which happens on the engine thread).
 #[derive(Debug, Clone, PartialEq)]
@@ -15,14 +16,17 @@ pub enum PromptInput {
     Tokens(Vec<TokenId>),
     /// Rendered with the model's chat template.
     Chat(Vec<ChatMessage>),
+    /// Registered chunks, composed (`/v1/chunks/generate`).
+    Chunks(Composition),
 }
 
 impl PromptInput {
     /// The request field the prompt came from, for error messages.
     pub fn param(&self) -> &'static str {
         match self {
+            PromptInput::Text(_) | PromptInput::Tokens(_) => "prompt",
             PromptInput::Chat(_) => "messages",
-            _ => "prompt",
+            PromptInput::Chunks(_) => "context_ids",
         }
     }
 }
@@ -53,15 +57,29 @@ pub enum Endpoint {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from chunks, for generations from chunks.
+    pub cached_tokens: Option<usize>,
 }
 
 impl Usage {
+    pub fn new(admitted: &Admitted, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens: admitted.prompt_tokens,
+            completion_tokens,
+            cached_tokens: admitted.cached_tokens,
+        }
+    }
+
     fn json(self) -> Value {
-        json!({
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+        });
+        if let Some(n) = self.cached_tokens {
+            v["prompt_tokens_details"] = json!({ "cached_tokens": n });
+        }
+        v
     }
 }
 
@@ -201,6 +219,7 @@ mod tests {
         let usage = Usage {
             prompt_tokens: 3,
             completion_tokens: 2,
+            cached_tokens: None,
         };
         let v = shape(Endpoint::Completions).complete("ab", &[5, 6], Finish::Length, usage);
         assert_eq!(v["object"], "text_completion");
@@ -231,7 +250,9 @@ mod tests {
         let u = chat.usage_chunk(Usage {
             prompt_tokens: 1,
             completion_tokens: 1,
+            cached_tokens: Some(1),
         });
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
         assert_eq!(u["choices"], json!([]));
         assert_eq!(u["usage"]["total_tokens"], 2);
         let text = shape(Endpoint::Completions);

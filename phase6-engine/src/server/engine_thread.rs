@@ -7,7 +7,7 @@
 //! sleeps on the channel while there is no work; otherwise it takes every waiting command,
 //! aborts the requests whose clients left, runs one step and hands each request its new
 //! tokens. The tokens come through the engine's per-request stream channels, so a command
-//! that steps the engine itself (a chunk generation run to completion) loses none.
+//! that steps the engine itself (registering a chunk prefills it) loses none.
 //!
 //! A request is answered twice: once on a oneshot channel when it is admitted or refused
 //! (so an HTTP handler can still choose the status code), then with a stream of
@@ -21,6 +21,7 @@ use std::thread;
 use std::time::Instant;
 
 use phase0::{SamplingParams, SeqId, TokenId};
+use phase5::StreamEvent;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
@@ -29,7 +30,7 @@ use super::api_types::PromptInput;
 use super::errors::ApiError;
 use super::stats::{Counters, EngineStats};
 use super::stop::StopStrings;
-use crate::chunks::{ChunkConfig, ChunkedLLM};
+use crate::chunks::{ChunkConfig, ChunkType, ChunkedLLM, Composition};
 use crate::error::Error;
 use crate::llm::LLM;
 use crate::prompt::Prompt;
@@ -39,6 +40,9 @@ use crate::prompt::Prompt;
 pub enum Command {
     Generate(GenerateJob),
     Stats(oneshot::Sender<EngineStats>),
+    /// A quick call into the model between two steps (the chunk endpoints): the closure
+    /// sends its own answer.
+    Run(Box<dyn FnOnce(&mut ChunkedLLM) + Send>),
 }
 
 pub struct GenerateJob {
@@ -53,6 +57,8 @@ pub struct GenerateJob {
 pub struct Admitted {
     pub id: SeqId,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from chunks (`None` for plain prompts).
+    pub cached_tokens: Option<usize>,
 }
 
 /// Why a choice ended, in OpenAI's words.
@@ -213,6 +219,61 @@ impl EngineHandle {
     pub async fn stats(&self) -> Result<EngineStats, ApiError> {
         self.call(Command::Stats).await
     }
+
+    /// Runs `f` on the model between two steps and returns what it returned.
+    pub async fn with_model<T, F>(&self, f: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut ChunkedLLM) -> T + Send + 'static,
+    {
+        self.call(|reply| {
+            Command::Run(Box::new(move |model| {
+                let _ = reply.send(f(model));
+            }))
+        })
+        .await
+    }
+}
+
+/// A request the engine took: what the client is told, and the engine's channel of its tokens.
+struct Queued {
+    admitted: Admitted,
+    tokens: Receiver<StreamEvent>,
+}
+
+/// Every chunk of a composition exists and plays its part; the error names the field.
+fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<(), ApiError> {
+    let parts = std::iter::once((
+        "system_id".to_string(),
+        &c.system_id,
+        ChunkType::SystemPrompt,
+    ))
+    .chain(
+        c.context_ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (format!("context_ids[{i}]"), id, ChunkType::Context)),
+    )
+    .chain(std::iter::once((
+        "query_id".to_string(),
+        &c.query_id,
+        ChunkType::Query,
+    )));
+    for (param, id, want) in parts {
+        let chunk = model
+            .get_chunk(id)
+            .map_err(|_| ApiError::chunk_not_found(&param, id))?;
+        if chunk.info.chunk_type != want {
+            return Err(ApiError::invalid(
+                param.clone(),
+                format!(
+                    "{param}: chunk {id} is a {} chunk, not a {want} chunk",
+                    chunk.info.chunk_type
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 struct EngineLoop {
@@ -261,51 +322,76 @@ impl EngineLoop {
         match command {
             Command::Generate(job) => self.admit(job),
             Command::Stats(reply) => {
-                let _ = reply.send(self.counters.snapshot(self.model.llm(), Instant::now()));
+                let _ = reply.send(self.counters.snapshot(&self.model, Instant::now()));
             }
+            Command::Run(f) => f(&mut self.model),
         }
     }
 
-    fn encode(&self, prompt: PromptInput) -> Result<Vec<TokenId>, Error> {
-        let llm = self.model.llm();
-        match prompt {
-            PromptInput::Tokens(ids) => Ok(ids),
-            PromptInput::Text(text) => llm.encode(&Prompt::Text(text)),
-            PromptInput::Chat(messages) => {
-                llm.encode(&Prompt::Text(llm.apply_chat_template(&messages)?))
+    /// Tokenizes the prompt (or builds the composition) and queues the request.
+    fn queue(&mut self, prompt: PromptInput, params: SamplingParams) -> Result<Queued, ApiError> {
+        let param = prompt.param();
+        let rejected = |e| ApiError::rejected(e, param);
+        let ids = match prompt {
+            PromptInput::Chunks(composition) => {
+                check_composition(&self.model, &composition)?;
+                let q = self
+                    .model
+                    .add_request_from_chunks(&composition, params)
+                    .map_err(rejected)?;
+                return Ok(Queued {
+                    admitted: Admitted {
+                        id: q.id,
+                        prompt_tokens: q.prompt_tokens,
+                        cached_tokens: Some(q.cached_tokens),
+                    },
+                    tokens: q.events,
+                });
             }
-        }
+            PromptInput::Tokens(ids) => ids,
+            PromptInput::Text(text) => self
+                .model
+                .llm()
+                .encode(&Prompt::Text(text))
+                .map_err(rejected)?,
+            PromptInput::Chat(messages) => {
+                let llm = self.model.llm();
+                let text = llm.apply_chat_template(&messages).map_err(rejected)?;
+                llm.encode(&Prompt::Text(text)).map_err(rejected)?
+            }
+        };
+        let prompt_tokens = ids.len();
+        let (id, tokens) = self
+            .model
+            .llm_mut()
+            .add_request_streaming(Prompt::Tokens(ids), params)
+            .map_err(rejected)?;
+        Ok(Queued {
+            admitted: Admitted {
+                id,
+                prompt_tokens,
+                cached_tokens: None,
+            },
+            tokens,
+        })
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        let param = job.prompt.param();
-        let queued = self.encode(job.prompt).and_then(|ids| {
-            let prompt_tokens = ids.len();
-            let (id, tokens) = self
-                .model
-                .llm_mut()
-                .add_request_streaming(Prompt::Tokens(ids), job.params)?;
-            Ok((id, prompt_tokens, tokens))
-        });
-        match queued {
+        match self.queue(job.prompt, job.params) {
             Err(e) => {
                 self.counters.rejected();
-                let _ = job.admitted.send(Err(ApiError::rejected(e, param)));
+                let _ = job.admitted.send(Err(e));
             }
-            Ok((id, prompt_tokens, tokens)) => {
-                self.counters.admitted(prompt_tokens);
-                if job
-                    .admitted
-                    .send(Ok(Admitted { id, prompt_tokens }))
-                    .is_err()
-                {
-                    self.model.llm_mut().abort(id);
+            Ok(Queued { admitted, tokens }) => {
+                self.counters.admitted(admitted.prompt_tokens);
+                if job.admitted.send(Ok(admitted)).is_err() {
+                    self.model.llm_mut().abort(admitted.id);
                     self.counters.ended(Ended::ClientGone);
                     return;
                 }
                 let stops = StopStrings::new(job.stop);
                 self.active
-                    .insert(id, Active::new(tokens, job.events, stops));
+                    .insert(admitted.id, Active::new(tokens, job.events, stops));
             }
         }
     }

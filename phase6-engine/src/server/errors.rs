@@ -49,6 +49,17 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
     }
 
+    /// A 404 about a chunk id the store does not have, naming the field that gave it.
+    pub fn chunk_not_found(param: &str, id: &str) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::not_found(format!(
+                "{param}: no chunk {id:?} (never registered, deleted or evicted)"
+            ))
+            .with_code("chunk_not_found")
+        }
+    }
+
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
             .with_code("invalid_api_key")
@@ -101,6 +112,8 @@ impl ApiError {
             .with_code("context_length_exceeded"),
             Error::OutOfMemory(why) => Self::invalid(prompt_param, why),
             Error::Tokenizer(why) => Self::invalid(prompt_param, why),
+            Error::ChunkNotFound(id) => Self::chunk_not_found(prompt_param, &id),
+            Error::IncompatibleChunks(why) => Self::invalid(prompt_param, why),
             other => Self::internal(other.to_string()),
         }
     }

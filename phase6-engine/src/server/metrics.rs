@@ -60,6 +60,20 @@ pub fn render(s: &EngineStats) -> String {
     );
     metric(
         m,
+        "nano_kv_pages_chunks",
+        "gauge",
+        "KV pages held for registered chunks.",
+        s.kv_pages_chunks,
+    );
+    metric(
+        m,
+        "nano_kv_page_holds_requests",
+        "gauge",
+        "Holds on KV pages by requests in flight (0 whenever no request runs).",
+        s.kv_page_holds_requests,
+    );
+    metric(
+        m,
         "nano_kv_page_size_tokens",
         "gauge",
         "Tokens per KV page.",

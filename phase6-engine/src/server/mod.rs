@@ -1,5 +1,8 @@
 //! `nanoserve serve`: an OpenAI-compatible HTTP server over the engine.
 //!
+//! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, the
+//! chunk API under `/v1/chunks`, `GET /health` and `GET /metrics` (Prometheus text).
+//!
 //! ```text
 //!  HTTP clients ──> axum handlers (tokio runtime) ──Command──> engine thread (owns the model)
 //!                        ^                                        | step, step, step ...
@@ -15,6 +18,7 @@ mod active;
 mod api_types;
 mod auth;
 mod body;
+mod chunks;
 mod engine_thread;
 mod errors;
 mod metrics;

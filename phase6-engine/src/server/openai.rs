@@ -51,7 +51,7 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
     }))
 }
 
-async fn generate(
+pub async fn generate(
     app: &AppState,
     req: GenerationRequest,
     endpoint: Endpoint,
@@ -105,10 +105,7 @@ async fn collect(mut generation: Generation, shape: ResponseShape) -> Result<Res
                 reason,
                 completion_tokens,
             } => {
-                let usage = Usage {
-                    prompt_tokens: generation.admitted.prompt_tokens,
-                    completion_tokens,
-                };
+                let usage = Usage::new(&generation.admitted, completion_tokens);
                 return Ok(Json(shape.complete(&text, &tokens, reason, usage)).into_response());
             }
             GenEvent::Failed(e) => return Err(e),

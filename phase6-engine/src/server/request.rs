@@ -14,6 +14,7 @@ use super::api_types::{GenerationRequest, PromptInput};
 use super::body::{JsonBody, kind_of};
 use super::engine_thread::EngineInfo;
 use super::errors::ApiError;
+use crate::chunks::Composition;
 
 /// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room).
 const COMPLETION_MAX_TOKENS: usize = 16;
@@ -52,6 +53,24 @@ pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, Api
         PromptInput::Chat(messages),
         max_tokens.unwrap_or(info.max_model_len),
     )
+}
+
+/// `/v1/chunks/generate`: a composition of registered chunks by id, then the sampling fields
+/// of `/v1/completions` (and its default `max_tokens`).
+pub fn chunk_generation(body: &JsonBody) -> Result<GenerationRequest, ApiError> {
+    let required = |name: &str| {
+        body.get::<String>(name)?
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} is required")))
+    };
+    let composition = Composition {
+        system_id: required("system_id")?,
+        context_ids: body.get("context_ids")?.unwrap_or_default(),
+        query_id: required("query_id")?,
+    };
+    let max_tokens = body
+        .get::<usize>("max_tokens")?
+        .unwrap_or(COMPLETION_MAX_TOKENS);
+    common(body, PromptInput::Chunks(composition), max_tokens)
 }
 
 fn common(
@@ -170,7 +189,12 @@ fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<TokenId>, ApiError> {
+/// Token ids of the field `param`, each checked against the vocabulary.
+pub fn token_ids(
+    param: &str,
+    items: &[Value],
+    vocab_size: usize,
+) -> Result<Vec<TokenId>, ApiError> {
     items
         .iter()
         .enumerate()
@@ -180,8 +204,10 @@ fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<TokenId>, ApiErro
                 .map(|id| id as TokenId)
                 .ok_or_else(|| {
                     ApiError::invalid(
-                        "prompt",
-                        format!("prompt[{i}] = {v}: token ids must be integers in 0..{vocab_size}"),
+                        param,
+                        format!(
+                            "{param}[{i}] = {v}: token ids must be integers in 0..{vocab_size}"
+                        ),
                     )
                 })
         })
@@ -202,9 +228,9 @@ fn completion_prompt(prompt: Option<&Value>, vocab_size: usize) -> Result<Prompt
         Some(Value::Array(items)) => match items.as_slice() {
             [] => Err(ApiError::invalid("prompt", "the prompt is empty")),
             [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
-            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids(ids, vocab_size)?)),
+            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids("prompt", ids, vocab_size)?)),
             [Value::String(_) | Value::Array(_), ..] => Err(one_only(items.len())),
-            _ => Ok(PromptInput::Tokens(token_ids(items, vocab_size)?)),
+            _ => Ok(PromptInput::Tokens(token_ids("prompt", items, vocab_size)?)),
         },
         Some(other) => Err(ApiError::invalid(
             "prompt",

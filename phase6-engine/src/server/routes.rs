@@ -1,6 +1,5 @@
 //! The router: which path goes to which handler, which of them want the API key, the body
-//! size limit, and OpenAI-shaped answers for unknown paths and methods. New endpoints (the
-//! chunk API) are one `.route` line in `api_routes` each.
+//! size limit, and OpenAI-shaped answers for unknown paths and methods.
 
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use serde_json::json;
 
 use super::engine_thread::EngineHandle;
 use super::errors::ApiError;
-use super::{auth, metrics, openai};
+use super::{auth, chunks, metrics, openai};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -34,6 +33,10 @@ fn api_routes() -> Router<AppState> {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/chunks", post(chunks::register).get(chunks::list))
+        .route("/v1/chunks/generate", post(chunks::generate))
+        .route("/v1/chunks/stats", get(chunks::stats))
+        .route("/v1/chunks/{id}", get(chunks::get).delete(chunks::delete))
         .route("/metrics", get(metrics::metrics))
 }
 
@@ -62,7 +65,7 @@ async fn health(State(app): State<AppState>) -> Response {
 
 async fn not_found() -> ApiError {
     ApiError::not_found(
-        "no such endpoint; see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics",
+        "no such endpoint; see /v1/completions, /v1/chat/completions, /v1/models, /v1/chunks, /health, /metrics",
     )
 }
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api_types::{ResponseShape, Usage};
-use super::engine_thread::{GenEvent, Generation};
+use super::engine_thread::{Admitted, GenEvent, Generation};
 use super::errors::ApiError;
 
 /// One event of the stream.
@@ -27,7 +27,7 @@ pub fn frame(data: &str) -> Bytes {
 struct ChunkStream {
     events: UnboundedReceiver<GenEvent>,
     shape: ResponseShape,
-    prompt_tokens: usize,
+    admitted: Admitted,
     include_usage: bool,
     /// Frames made but not yet sent.
     ready: VecDeque<Bytes>,
@@ -58,10 +58,10 @@ impl ChunkStream {
             }) => {
                 self.push(self.shape.finish_chunk(reason));
                 if self.include_usage {
-                    self.push(self.shape.usage_chunk(Usage {
-                        prompt_tokens: self.prompt_tokens,
-                        completion_tokens,
-                    }));
+                    self.push(
+                        self.shape
+                            .usage_chunk(Usage::new(&self.admitted, completion_tokens)),
+                    );
                 }
                 self.end();
             }
@@ -81,7 +81,7 @@ impl ChunkStream {
 pub fn response(generation: Generation, shape: ResponseShape, include_usage: bool) -> Response {
     let mut chunks = ChunkStream {
         events: generation.events,
-        prompt_tokens: generation.admitted.prompt_tokens,
+        admitted: generation.admitted,
         include_usage,
         ready: VecDeque::new(),
         done: false,

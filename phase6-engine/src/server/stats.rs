@@ -6,9 +6,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use phase1::PageId;
+
 use super::active::Ended;
 use super::engine_thread::Finish;
-use crate::llm::LLM;
+use crate::chunks::ChunkedLLM;
 
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -33,9 +35,13 @@ pub struct EngineStats {
     pub kv_pages_total: usize,
     /// Pages with at least one holder: requests, the prefix cache, chunks.
     pub kv_pages_used: usize,
-    /// Pages the prefix cache holds (some may be shared with running requests). With no
-    /// request running or waiting, `used - cached` is what is still held by anything else.
+    /// Pages the prefix cache holds (some may be shared with running requests).
     pub kv_pages_cached: usize,
+    /// Pages the chunk API holds for chunk K/V.
+    pub kv_pages_chunks: usize,
+    /// Holds on pages by requests in flight (a page two requests share counts twice): zero
+    /// whenever no request runs, or pages have leaked.
+    pub kv_page_holds_requests: usize,
     pub kv_page_size: usize,
     /// Fraction of looked-up prompt tokens found in the prefix cache; `None` when it is off.
     pub prefix_cache_hit_rate: Option<f64>,
@@ -117,16 +123,25 @@ impl Counters {
         }
     }
 
-    pub fn snapshot(&mut self, llm: &LLM, now: Instant) -> EngineStats {
-        let scheduler = llm.engine().scheduler();
+    pub fn snapshot(&mut self, model: &ChunkedLLM, now: Instant) -> EngineStats {
+        let scheduler = model.llm().engine().scheduler();
         let pool = scheduler.pool();
         let cache = scheduler.cache_stats();
+        let cached = cache.map_or(0, |c| c.pages_held as usize);
+        let chunks = model.kv_pages_held();
+        // Every holder holds a page once: the cache and the chunk store one hold per page
+        // they keep; whatever else holds pages is a request.
+        let holds: usize = (0..pool.num_pages() as PageId)
+            .map(|p| pool.ref_count(p).map_or(0, |n| n as usize))
+            .sum();
         EngineStats {
             running: scheduler.num_running(),
             waiting: scheduler.num_waiting(),
             kv_pages_total: pool.num_pages(),
             kv_pages_used: pool.num_used(),
-            kv_pages_cached: cache.map_or(0, |c| c.pages_held as usize),
+            kv_pages_cached: cached,
+            kv_pages_chunks: chunks,
+            kv_page_holds_requests: holds.saturating_sub(cached + chunks),
             kv_page_size: pool.page_size(),
             prefix_cache_hit_rate: cache.map(|c| c.hit_rate()),
             preemptions_total: scheduler.num_preemptions(),
