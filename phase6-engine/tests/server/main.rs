@@ -1,0 +1,11 @@
+//! `nanoserve serve` over real HTTP on loopback, with the embedded model: the OpenAI
+//! endpoints streamed and not, the chunk endpoints, every kind of bad input, clients that
+//! leave mid-stream, a bounded load test, and the official `openai` Python client.
+
+mod api;
+mod chunks;
+mod disconnect;
+mod errors;
+mod harness;
+mod load;
+mod openai_python;
