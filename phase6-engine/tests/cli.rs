@@ -21,6 +21,7 @@ fn help_texts() {
     insta::assert_snapshot!("nanoserve_bench_help", help(&["bench"]));
     insta::assert_snapshot!("nanoserve_report_help", help(&["report"]));
     insta::assert_snapshot!("nanoserve_chat_help", help(&["chat"]));
+    insta::assert_snapshot!("nanoserve_serve_help", help(&["serve"]));
 }
 
 #[test]

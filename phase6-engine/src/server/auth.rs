@@ -23,7 +23,9 @@ pub async fn require_api_key(State(app): State<AppState>, req: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token);
     match given {
         Some(g) if same(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
         Some(_) => ApiError::unauthorized("incorrect API key").into_response(),

@@ -74,7 +74,10 @@ async fn chat_whole_and_streamed_agree() {
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
     let (text, _, finish) = stream_text(&events);
     assert_eq!(text, message["content"].as_str().unwrap());
-    assert_eq!(finish, whole["choices"][0]["finish_reason"].as_str().unwrap());
+    assert_eq!(
+        finish,
+        whole["choices"][0]["finish_reason"].as_str().unwrap()
+    );
     assert!(events.iter().all(|e| e.get("usage").is_none()));
 }
 
@@ -154,7 +157,10 @@ async fn models_health_and_metrics() {
     assert_eq!(status, StatusCode::OK);
     let m = s.idle_metrics().await;
     assert_eq!(m.get("nano_generation_tokens_total"), 4.0);
-    assert_eq!(m.get("nano_requests_finished_total{reason=\"length\"}"), 1.0);
+    assert_eq!(
+        m.get("nano_requests_finished_total{reason=\"length\"}"),
+        1.0
+    );
     assert!(m.get("nano_kv_pages_total") > 0.0);
     assert!(m.get("nano_generation_tokens_per_second") > 0.0);
     assert!((0.0..=1.0).contains(&m.get("nano_prefix_cache_hit_rate")));

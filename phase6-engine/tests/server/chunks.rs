@@ -91,7 +91,10 @@ async fn chunks_register_list_generate_and_delete() {
             &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "return_token_ids": true}),
         )
         .await;
-    assert_eq!(out["choices"][0]["token_ids"], plain["choices"][0]["token_ids"]);
+    assert_eq!(
+        out["choices"][0]["token_ids"],
+        plain["choices"][0]["token_ids"]
+    );
     assert_eq!(out["choices"][0]["text"], plain["choices"][0]["text"]);
     assert_eq!(out["usage"]["prompt_tokens"], prompt.len());
     assert_eq!(
@@ -122,7 +125,12 @@ async fn chunks_register_list_generate_and_delete() {
     assert_eq!(deleted["deleted"], true);
     let resp = s.client.delete(s.url(&path)).send().await.unwrap();
     let status = resp.status();
-    assert_error(status, &resp.json().await.unwrap(), StatusCode::NOT_FOUND, Some("id"));
+    assert_error(
+        status,
+        &resp.json().await.unwrap(),
+        StatusCode::NOT_FOUND,
+        Some("id"),
+    );
     let (status, body) = s.get_json(&path).await;
     assert_error(status, &body, StatusCode::NOT_FOUND, Some("id"));
     let (status, body) = s.post_json("/v1/chunks/generate", &composed).await;
@@ -136,16 +144,37 @@ async fn bad_chunk_requests_name_their_field() {
     let bad = StatusCode::BAD_REQUEST;
     let cases: Vec<(Value, &str)> = vec![
         (json!({"content": "x"}), "chunk_type"),
-        (json!({"chunk_type": "preface", "content": "x"}), "chunk_type"),
+        (
+            json!({"chunk_type": "preface", "content": "x"}),
+            "chunk_type",
+        ),
         (json!({"chunk_type": "context"}), "content"),
-        (json!({"chunk_type": "context", "content": "x", "token_ids": [1]}), "content"),
+        (
+            json!({"chunk_type": "context", "content": "x", "token_ids": [1]}),
+            "content",
+        ),
         (json!({"chunk_type": "context", "content": ""}), "content"),
         (json!({"chunk_type": "context", "content": 3}), "content"),
-        (json!({"chunk_type": "context", "token_ids": "1 2"}), "token_ids"),
-        (json!({"chunk_type": "context", "token_ids": [1, 1e9]}), "token_ids"),
-        (json!({"chunk_type": "context", "content": "x", "metadata": {"k": 1}}), "metadata.k"),
-        (json!({"chunk_type": "context", "content": "x", "metadata": []}), "metadata"),
-        (json!({"chunk_type": "context", "content": "ROMEO ".repeat(600)}), "content"),
+        (
+            json!({"chunk_type": "context", "token_ids": "1 2"}),
+            "token_ids",
+        ),
+        (
+            json!({"chunk_type": "context", "token_ids": [1, 1e9]}),
+            "token_ids",
+        ),
+        (
+            json!({"chunk_type": "context", "content": "x", "metadata": {"k": 1}}),
+            "metadata.k",
+        ),
+        (
+            json!({"chunk_type": "context", "content": "x", "metadata": []}),
+            "metadata",
+        ),
+        (
+            json!({"chunk_type": "context", "content": "ROMEO ".repeat(600)}),
+            "content",
+        ),
     ];
     for (body, param) in cases {
         let (status, answer) = s.post_json("/v1/chunks", &body).await;
@@ -156,28 +185,79 @@ async fn bad_chunk_requests_name_their_field() {
     let (status, answer) = s.get_json("/v1/chunks?type=preface").await;
     assert_error(status, &answer, bad, Some("type"));
 
-    let sys = register(&s, json!({"chunk_type": "system", "content": "You are the Chorus.\n"})).await;
+    let sys = register(
+        &s,
+        json!({"chunk_type": "system", "content": "You are the Chorus.\n"}),
+    )
+    .await;
     let q = register(&s, json!({"chunk_type": "query", "content": "ROMEO:\n"})).await;
-    let generate = |system: &Value, contexts: Value, query: &Value| {
-        json!({"system_id": system, "context_ids": contexts, "query_id": query, "max_tokens": 2})
-    };
+    let generate = |system: &Value, contexts: Value, query: &Value| json!({"system_id": system, "context_ids": contexts, "query_id": query, "max_tokens": 2});
     let cases: Vec<(Value, StatusCode, &str)> = vec![
-        (generate(&json!("nope"), json!([]), &q["id"]), StatusCode::NOT_FOUND, "system_id"),
-        (generate(&sys["id"], json!(["nope"]), &q["id"]), StatusCode::NOT_FOUND, "context_ids[0]"),
-        (generate(&sys["id"], json!([]), &json!("nope")), StatusCode::NOT_FOUND, "query_id"),
+        (
+            generate(&json!("nope"), json!([]), &q["id"]),
+            StatusCode::NOT_FOUND,
+            "system_id",
+        ),
+        (
+            generate(&sys["id"], json!(["nope"]), &q["id"]),
+            StatusCode::NOT_FOUND,
+            "context_ids[0]",
+        ),
+        (
+            generate(&sys["id"], json!([]), &json!("nope")),
+            StatusCode::NOT_FOUND,
+            "query_id",
+        ),
         (generate(&q["id"], json!([]), &q["id"]), bad, "system_id"),
-        (generate(&sys["id"], json!([sys["id"]]), &q["id"]), bad, "context_ids[0]"),
-        (generate(&sys["id"], json!("x"), &q["id"]), bad, "context_ids"),
-        (json!({"system_id": sys["id"], "query_id": q["id"], "top_p": 0}), bad, "top_p"),
+        (
+            generate(&sys["id"], json!([sys["id"]]), &q["id"]),
+            bad,
+            "context_ids[0]",
+        ),
+        (
+            generate(&sys["id"], json!("x"), &q["id"]),
+            bad,
+            "context_ids",
+        ),
+        (
+            json!({"system_id": sys["id"], "query_id": q["id"], "top_p": 0}),
+            bad,
+            "top_p",
+        ),
         (json!({"query_id": q["id"]}), bad, "system_id"),
     ];
     for (body, want, param) in cases {
         let (status, answer) = s.post_json("/v1/chunks/generate", &body).await;
         assert_error(status, &answer, want, Some(param));
     }
+    // Contexts that fit one by one but not together (max_model_len is 512 here).
+    let long_a = register(
+        &s,
+        json!({"chunk_type": "context", "token_ids": ids(0..300)}),
+    )
+    .await;
+    let long_b = register(
+        &s,
+        json!({"chunk_type": "context", "token_ids": ids(300..600)}),
+    )
+    .await;
     let (status, answer) = s
-        .post_json("/v1/chunks/generate", &generate(&sys["id"], json!([]), &q["id"]))
+        .post_json(
+            "/v1/chunks/generate",
+            &generate(&sys["id"], json!([long_a["id"], long_b["id"]]), &q["id"]),
+        )
+        .await;
+    let message = assert_error(status, &answer, bad, Some("context_ids"));
+    assert!(message.contains("at most 511"), "{message}");
+    let (status, answer) = s
+        .post_json(
+            "/v1/chunks/generate",
+            &generate(&sys["id"], json!([long_a["id"]]), &q["id"]),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    assert_eq!(s.idle_metrics().await.get("nano_kv_page_holds_requests"), 0.0);
+    assert_eq!(
+        s.idle_metrics().await.get("nano_kv_page_holds_requests"),
+        0.0
+    );
 }

@@ -58,7 +58,10 @@ async fn a_client_that_leaves_gets_its_request_aborted() {
 
     // The server goes on serving.
     let (status, _) = s
-        .post_json("/v1/completions", &json!({"prompt": "ROMEO:", "max_tokens": 2}))
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "ROMEO:", "max_tokens": 2}),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
 }

@@ -17,26 +17,94 @@ async fn bad_requests_name_their_field() {
     .await;
     let bad = StatusCode::BAD_REQUEST;
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
-        ("/v1/completions", json!({"prompt": "a", "temperature": "hot"}), Some("temperature")),
-        ("/v1/completions", json!({"prompt": "a", "max_tokens": -1}), Some("max_tokens")),
-        ("/v1/completions", json!({"prompt": "a", "max_tokens": 0}), Some("max_tokens")),
-        ("/v1/completions", json!({"prompt": "a", "temperature": -0.5}), Some("temperature")),
-        ("/v1/completions", json!({"prompt": "a", "top_p": 1.5}), Some("top_p")),
-        ("/v1/completions", json!({"prompt": "a", "top_k": 0}), Some("top_k")),
-        ("/v1/completions", json!({"prompt": "a", "seed": "x"}), Some("seed")),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "temperature": "hot"}),
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "max_tokens": -1}),
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "max_tokens": 0}),
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "temperature": -0.5}),
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "top_p": 1.5}),
+            Some("top_p"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "top_k": 0}),
+            Some("top_k"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "seed": "x"}),
+            Some("seed"),
+        ),
         ("/v1/completions", json!({"prompt": "a", "n": 2}), Some("n")),
-        ("/v1/completions", json!({"prompt": "a", "stop": [1]}), Some("stop")),
-        ("/v1/completions", json!({"prompt": "a", "stream": 1}), Some("stream")),
-        ("/v1/completions", json!({"prompt": "a", "logprobs": 3}), Some("logprobs")),
-        ("/v1/completions", json!({"prompt": {"text": "a"}}), Some("prompt")),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "stop": [1]}),
+            Some("stop"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "stream": 1}),
+            Some("stream"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "logprobs": 3}),
+            Some("logprobs"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": {"text": "a"}}),
+            Some("prompt"),
+        ),
         ("/v1/completions", json!({"prompt": ""}), Some("prompt")),
-        ("/v1/completions", json!({"prompt": [1, 99999]}), Some("prompt")),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 99999]}),
+            Some("prompt"),
+        ),
         ("/v1/completions", json!({"max_tokens": 3}), Some("prompt")),
-        ("/v1/completions", json!({"prompt": "a", "model": 3}), Some("model")),
-        ("/v1/chat/completions", json!({"messages": "hi"}), Some("messages")),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 5}]}), Some("messages[0].content")),
-        ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), Some("messages[0].role")),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "n": 3}), Some("n")),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "model": 3}),
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}),
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            Some("messages[0].content"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"content": "x"}]}),
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 3}),
+            Some("n"),
+        ),
     ];
     for (path, body, param) in cases {
         let (status, answer) = s.post_json(path, &body).await;
@@ -45,7 +113,9 @@ async fn bad_requests_name_their_field() {
 
     // A prompt longer than max_model_len (512 tokens in these tests).
     let long = "ROMEO: ".repeat(400);
-    let (status, answer) = s.post_json("/v1/completions", &json!({"prompt": long})).await;
+    let (status, answer) = s
+        .post_json("/v1/completions", &json!({"prompt": long}))
+        .await;
     let message = assert_error(status, &answer, bad, Some("prompt"));
     assert!(message.contains("at most 511"), "{message}");
     assert_eq!(answer["error"]["code"], "context_length_exceeded");
@@ -94,10 +164,16 @@ async fn bad_requests_name_their_field() {
 
     // And the server still serves.
     let (status, answer) = s
-        .post_json("/v1/completions", &json!({"prompt": "ROMEO:", "max_tokens": 2}))
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "ROMEO:", "max_tokens": 2}),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    assert_eq!(s.idle_metrics().await.get("nano_kv_page_holds_requests"), 0.0);
+    assert_eq!(
+        s.idle_metrics().await.get("nano_kv_page_holds_requests"),
+        0.0
+    );
 }
 
 /// A small xorshift generator: reproducible mangling without a dependency.
@@ -164,7 +240,10 @@ async fn mangled_bodies_never_crash_the_server() {
     }
     let (status, _) = s.get_json("/health").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(s.idle_metrics().await.get("nano_kv_page_holds_requests"), 0.0);
+    assert_eq!(
+        s.idle_metrics().await.get("nano_kv_page_holds_requests"),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,6 +271,21 @@ async fn the_api_key_is_required_when_set() {
         assert_eq!(body["error"]["code"], "invalid_api_key");
     }
     assert_eq!(call(Some("sesame")).await.unwrap().status(), StatusCode::OK);
+    // The scheme is case-insensitive (RFC 9110); the key is not.
+    for (header, want) in [
+        ("bearer sesame", StatusCode::OK),
+        ("Bearer SESAME", StatusCode::UNAUTHORIZED),
+        ("Basic sesame", StatusCode::UNAUTHORIZED),
+    ] {
+        let resp = s
+            .client
+            .get(s.url("/v1/models"))
+            .header("authorization", header)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "{header}");
+    }
     for path in ["/metrics", "/v1/models", "/v1/chunks"] {
         let resp = s.client.get(s.url(path)).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path}");

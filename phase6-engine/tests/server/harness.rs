@@ -111,7 +111,10 @@ pub async fn read_events(mut resp: Response) -> Vec<Value> {
     let mut events: Vec<&str> = buffer
         .split("\n\n")
         .filter(|e| !e.is_empty())
-        .map(|e| e.strip_prefix("data: ").expect("every event is a data line"))
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+        })
         .collect();
     assert_eq!(events.pop(), Some("[DONE]"), "{buffer}");
     events
@@ -167,7 +170,12 @@ pub fn error_of(body: &Value) -> &Value {
 }
 
 /// Asserts a 4xx status and the field the error names; returns the message.
-pub fn assert_error(status: StatusCode, body: &Value, want: StatusCode, param: Option<&str>) -> String {
+pub fn assert_error(
+    status: StatusCode,
+    body: &Value,
+    want: StatusCode,
+    param: Option<&str>,
+) -> String {
     assert_eq!(status, want, "{body}");
     let e = error_of(body);
     assert_eq!(e["param"].as_str(), param, "{body}");

@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::harness::{config, start_default, stream_text};
 
 const CLIENTS: usize = 64;
-const REQUESTS_PER_CLIENT: usize = 3;
-const MAX_TOKENS: usize = 8;
+const REQUESTS_PER_CLIENT: usize = 4;
+const MAX_TOKENS: usize = 16;
 
 const PROMPTS: [&str; 12] = [
     "ROMEO:\n",
@@ -90,7 +90,11 @@ async fn sixty_four_streaming_clients_get_the_tokens_of_each_prompt_alone() {
     .await;
     assert!(bounded.is_ok(), "the load test did not finish in 300 s");
     let elapsed = started.elapsed();
-    assert_eq!(latencies.len(), CLIENTS * REQUESTS_PER_CLIENT, "requests lost");
+    assert_eq!(
+        latencies.len(),
+        CLIENTS * REQUESTS_PER_CLIENT,
+        "requests lost"
+    );
     latencies.sort();
     println!(
         "load: {} clients x {} streaming requests ({} tokens each) in {:.2} s: {:.1} requests/s, latency p50 {} ms, p99 {} ms",
