@@ -40,7 +40,10 @@ fn python() -> Result<PathBuf, String> {
         return Err(format!(
             "{} cannot import openai: {}",
             python.display(),
-            String::from_utf8_lossy(&probe.stderr).trim()
+            String::from_utf8_lossy(&probe.stderr)
+                .lines()
+                .last()
+                .unwrap_or("no message")
         ));
     }
     Ok(python)
