@@ -101,7 +101,6 @@ pub struct EngineInfo {
     /// Longest prompt + output, clamped to the model.
     pub max_model_len: usize,
     pub vocab_size: usize,
-    pub startup: String,
 }
 
 /// An admitted request: its id, prompt size and the stream of its events.
@@ -155,7 +154,6 @@ impl EngineHandle {
                         let info = EngineInfo {
                             max_model_len: llm.config().max_model_len,
                             vocab_size: llm.model_config().vocab_size,
-                            startup: llm.startup_report().to_string(),
                         };
                         let _ = ready_tx.send(Ok(info));
                         EngineLoop::new(model, inbox).run();

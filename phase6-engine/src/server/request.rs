@@ -323,7 +323,6 @@ mod tests {
         EngineInfo {
             max_model_len: 100,
             vocab_size: 50,
-            startup: String::new(),
         }
     }
 
