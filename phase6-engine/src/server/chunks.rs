@@ -217,3 +217,26 @@ pub async fn stats(State(app): State<AppState>) -> Result<Json<Value>, ApiError>
         "evictions": s.evictions,
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_read_from_the_query_string() {
+        let f = filter(Some("type=context&metadata.source=act%201&metadata.k=v")).unwrap();
+        assert_eq!(f.chunk_type, Some(ChunkType::Context));
+        assert_eq!(
+            f.metadata,
+            vec![
+                ("source".to_string(), "act 1".to_string()),
+                ("k".to_string(), "v".to_string())
+            ]
+        );
+        assert_eq!(filter(None).unwrap(), ChunkFilter::default());
+        let typo = filter(Some("tpye=query")).unwrap_err();
+        assert_eq!(typo.param.as_deref(), Some("tpye"));
+        let bad = filter(Some("type=preface")).unwrap_err();
+        assert_eq!(bad.param.as_deref(), Some("type"));
+    }
+}
