@@ -77,8 +77,9 @@ impl DecodeGraphs {
             plan
         };
         let largest = *sizes.last().expect("at least one bucket");
-        let end = staging::pack(&padded(largest), largest * entries_per_seq, &mut Vec::new()).end();
-        let mut staging = Staging::new(gpu, end)?;
+        let span =
+            staging::pack(&padded(largest), largest * entries_per_seq, &mut Vec::new()).span();
+        let mut staging = Staging::new(gpu, span)?;
 
         let mut buckets = Vec::with_capacity(sizes.len());
         for size in sizes {

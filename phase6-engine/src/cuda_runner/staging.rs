@@ -50,12 +50,20 @@ pub(crate) struct Layout {
     levels: Vec<(Region, PrefillRegions)>,
     /// Word ranges that hold data, merged where the gap between them is small.
     copies: Vec<(usize, usize)>,
+    /// Words the layout spans, reserved room included.
+    span: usize,
 }
 
 impl Layout {
-    /// Words the layout spans.
+    /// Words up to the end of the last data written.
     pub fn end(&self) -> usize {
         self.copies.last().map_or(0, |&(_, end)| end)
+    }
+
+    /// Words the layout spans, reserved room included: a staging buffer this large holds any
+    /// step packed with the same layout.
+    pub fn span(&self) -> usize {
+        self.span
     }
 
     /// The offsets of every array, whatever their content: two layouts with the same
@@ -146,8 +154,9 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
         })
         .collect();
     let decode = p.table(&plan.decode, entry_capacity);
+    let used = p.used;
     let mut copies: Vec<(usize, usize)> = Vec::new();
-    for (start, end) in p.used {
+    for (start, end) in used {
         match copies.last_mut() {
             Some(last) if start - last.1 <= MAX_GAP_WORDS => last.1 = end,
             _ => copies.push((start, end)),
@@ -163,6 +172,7 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
         prefill,
         levels,
         copies,
+        span: words.len(),
     }
 }
 
@@ -349,6 +359,8 @@ mod tests {
         b.pad_decode(4);
         let (la, lb) = (pack(&a, 2000, &mut words), pack(&b, 2000, &mut words));
         assert_eq!(la.fingerprint(), lb.fingerprint());
+        assert_eq!(la.span(), lb.span());
+        assert!(la.end() < la.span(), "room reserved past the data");
         // The page ids sit after the reserved room: a second copy.
         assert_eq!(lb.copies.len(), 2);
         let c = decode_plan(&[5]);
