@@ -144,8 +144,14 @@ fn errors(a: &[f32], b: &[f32]) -> (f32, f32) {
     ((num / den).sqrt() as f32, max)
 }
 
-/// Last logits of the bf16 device forward pass against an f32 reference.
+/// Last logits of the bf16 device forward pass against an f32 reference, for the trained
+/// model: `transformers` itself, run in bf16, is 2e-3 to 5e-3 off its f32 logits there.
 const LOGITS_REL_TOL: f32 = 2e-2;
+
+/// The same for the random-weight fixtures, whose logits reach ±50 and whose attention is far
+/// more sensitive to rounding: `transformers` in bf16 is up to 4.4e-2 off its f32 logits
+/// (llama-gqa, 200 tokens), 2.1e-2 on the Qwen2 one (measured on the fixtures' prompts).
+const RANDOM_LOGITS_REL_TOL: f32 = 1e-1;
 
 /// Tokens must equal the reference up to the first step whose reference gap is below `tol`;
 /// returns how many leading tokens are equal.
@@ -213,39 +219,50 @@ fn fixtures_greedy_tokens_and_logits_with_and_without_graphs() {
         .collect();
     files.sort();
     assert!(files.len() >= 5, "fixtures in {}", fixtures.display());
-    let mut worst = (0.0f32, 0.0f32);
+    let mut failures = Vec::new();
     for file in files {
         let (dir, cases) = read_fixture(&file);
         let (config, weights) = load(&models_dir().join(&dir));
         let model = Model::from_weights(config.clone(), &weights).unwrap();
+        let rel_tol = if dir.starts_with("fixtures/") {
+            RANDOM_LOGITS_REL_TOL
+        } else {
+            LOGITS_REL_TOL
+        };
+        let references: Vec<Run> = cases
+            .iter()
+            .map(|case| {
+                let mut cpu = CpuRunner::new(model.clone(), 160, 16);
+                greedy(&mut cpu, &case.prompt, case.greedy.len(), false)
+            })
+            .collect();
         for eager in [false, true] {
             let mut gpu = CudaRunner::new(&config, &weights, options(160, 8, eager)).unwrap();
             eprintln!("{dir} ({}): {}", mode(eager), gpu.memory_report());
-            for case in &cases {
+            for (case, reference) in cases.iter().zip(&references) {
                 let label = format!("{dir} / {} ({})", case.name, mode(eager));
                 let steps = case.greedy.len();
                 let run = greedy(&mut gpu, &case.prompt, steps, true);
                 let (rel, abs) = errors(&run.first_logits, &case.logits);
-                assert!(
-                    rel < LOGITS_REL_TOL,
-                    "{label}: logits relative error {rel:.2e}"
-                );
-                worst = (worst.0.max(rel), worst.1.max(abs));
                 let tol = 4.0 * abs;
-                let vs_hf = agree(&label, &run.tokens, &case.greedy, &case.gaps, tol);
-                let mut cpu = CpuRunner::new(model.clone(), 160, 16);
-                let reference = greedy(&mut cpu, &case.prompt, steps, false);
-                let vs_cpu = agree(&label, &run.tokens, &reference.tokens, &reference.gaps, tol);
-                eprintln!(
-                    "{label}: logits rel {rel:.1e} max abs {abs:.1e}; tokens equal {vs_hf}/{steps} (transformers), {vs_cpu}/{steps} (CPU), near-tie tolerance {tol:.2e}"
-                );
+                let checked = std::panic::catch_unwind(|| {
+                    assert!(rel < rel_tol, "{label}: logits relative error {rel:.2e}");
+                    let hf = agree(&label, &run.tokens, &case.greedy, &case.gaps, tol);
+                    let cpu = agree(&label, &run.tokens, &reference.tokens, &reference.gaps, tol);
+                    (hf, cpu)
+                });
+                match checked {
+                    Ok((hf, cpu)) => eprintln!(
+                        "{label}: logits rel {rel:.1e} max abs {abs:.1e}; \
+                         tokens equal {hf}/{steps} (transformers), {cpu}/{steps} (CPU), \
+                         near-tie tolerance {tol:.2e}"
+                    ),
+                    Err(_) => failures.push(label),
+                }
             }
         }
     }
-    eprintln!(
-        "worst last-logits error over every fixture: relative {:.2e}, absolute {:.2e}",
-        worst.0, worst.1
-    );
+    assert!(failures.is_empty(), "failed: {failures:#?}");
 }
 
 fn mode(eager: bool) -> &'static str {
