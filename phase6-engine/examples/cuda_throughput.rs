@@ -4,7 +4,10 @@
 //! through the chapter 5 engine.
 //!
 //!     cargo run -p phase6 --features cuda --release --example cuda_throughput -- [--eager | --both]
-//!         [--seqs N] [--config configs/qwen3-0.6b.json]
+//!         [--repeat N] [--seqs N] [--config configs/qwen3-0.6b.json]
+//!
+//! `--both` runs with CUDA graphs, then eagerly; `--repeat N` runs the whole sequence N times
+//! (the same workload and weights) to show how much the numbers move between runs.
 //!
 //! Pages of 256 tokens, as nano-vllm uses: with the prefix cache off, the only cost of big
 //! pages is less than one page per sequence left unfilled (256 of about 600k tokens of cache),
@@ -28,6 +31,7 @@ const PAGE_SIZE: usize = 256;
 struct Args {
     /// `enforce_eager` of each run, in order.
     modes: Vec<bool>,
+    repeat: usize,
     seqs: usize,
     config: PathBuf,
 }
@@ -35,6 +39,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         modes: vec![false],
+        repeat: 1,
         seqs: 256,
         config: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/qwen3-0.6b.json"),
     };
@@ -43,6 +48,12 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--eager" => args.modes = vec![true],
             "--both" => args.modes = vec![false, true],
+            "--repeat" => {
+                let v = it.next().ok_or("--repeat needs a number")?;
+                args.repeat = v
+                    .parse()
+                    .map_err(|_| format!("--repeat {v}: not a number"))?;
+            }
             "--seqs" => {
                 let v = it.next().ok_or("--seqs needs a number")?;
                 args.seqs = v.parse().map_err(|_| format!("--seqs {v}: not a number"))?;
@@ -50,7 +61,7 @@ fn parse_args() -> Result<Args, String> {
             "--config" => args.config = it.next().ok_or("--config needs a path")?.into(),
             other => {
                 return Err(format!(
-                    "unknown argument {other} (use --eager, --both, --seqs N, --config PATH)"
+                    "unknown argument {other} (use --eager, --both, --repeat N, --seqs N, --config PATH)"
                 ));
             }
         }
@@ -118,8 +129,10 @@ fn run() -> Result<(), Box<dyn Error>> {
         start.elapsed().as_secs_f64()
     );
     let requests = workload(args.seqs);
-    for eager in args.modes {
-        bench(&config, &weights, &requests, eager)?;
+    for _ in 0..args.repeat {
+        for &eager in &args.modes {
+            bench(&config, &weights, &requests, eager)?;
+        }
     }
     Ok(())
 }
