@@ -292,8 +292,11 @@ fn check_written_starter(
     regions: &[Region],
 ) -> Result<(), String> {
     no_answers_left(dir)?;
-    // Share the repository's build directory: the dependencies are compiled once.
-    let target = root.join("target");
+    // A build directory of its own, shared by every chapter's starter so the dependencies
+    // are compiled once. Not the repository's: cargo names a workspace crate's artifacts by
+    // its path inside the workspace, so a starter's `phase0` would replace the reference
+    // `phase0` there and look up to date to the next build of the repository.
+    let target = root.join("target").join("starter");
     let cargo = |args: &[&str]| {
         Command::new(env!("CARGO"))
             .args(args)
