@@ -66,7 +66,10 @@ mod min_tokens {
         );
         let mut ignoring = params(0, 3);
         ignoring.params.ignore_eos = true;
-        assert_eq!(run(&ignoring, &[EOS, EOS, STOP]), (3, Some(FinishReason::Stop)));
+        assert_eq!(
+            run(&ignoring, &[EOS, EOS, STOP]),
+            (3, Some(FinishReason::Stop))
+        );
     }
 
     #[test]
@@ -83,7 +86,11 @@ mod min_tokens {
         }
         let mut logits = fresh();
         p.mask_early_stops(&mut logits, 2, &[EOS]);
-        assert_eq!(logits, fresh(), "two tokens came before: stopping is allowed");
+        assert_eq!(
+            logits,
+            fresh(),
+            "two tokens came before: stopping is allowed"
+        );
 
         let mut ignoring = params(1, 10);
         ignoring.params.ignore_eos = true;
