@@ -193,7 +193,19 @@ fn exercises_of(root: &Path, dir: &str) -> Result<Vec<(String, String)>, String>
         let (_, todos) = strip_solutions(&text).map_err(|e| format!("{file}: {e}"))?;
         all.extend(todos.into_iter().map(|t| (file.clone(), t)));
     }
+    all.sort_by_key(|(_, todo)| exercise_number(todo));
     Ok(all)
+}
+
+/// `exercise 4.2: ...` -> (4, 2), for listing exercises in the tutorial's order.
+fn exercise_number(todo: &str) -> (usize, usize) {
+    let number = todo
+        .strip_prefix("exercise ")
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.split_once('.'));
+    number
+        .and_then(|(c, k)| Some((c.parse().ok()?, k.parse().ok()?)))
+        .unwrap_or((usize::MAX, usize::MAX))
 }
 
 fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Region)>, String> {
@@ -224,6 +236,7 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
             }
         }
     }
+    exercises.sort_by_key(|(_, todo)| exercise_number(todo));
     for (&p, dir) in phases.range(phase..) {
         let mut index = 1;
         for file in chapter_sources(root, dir)? {
