@@ -79,6 +79,13 @@ fn run(args: &[String]) -> Result<(), String> {
             } else {
                 let phase = phase.ok_or(format!("--phase is required\n{USAGE}"))?;
                 let out = out.ok_or(format!("--out is required\n{USAGE}"))?;
+                // A starter overwrites files: never write one over a student's work.
+                if fs::read_dir(&out).is_ok_and(|mut entries| entries.next().is_some()) {
+                    return Err(format!(
+                        "{} is not empty: write the starter into a new directory",
+                        out.display()
+                    ));
+                }
                 let regions = write_starter(&root, phase, &out)?;
                 let exercises = exercises_of(&root, &phases[&phase])?;
                 println!(
@@ -226,14 +233,12 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
     let mut replaced: BTreeMap<String, String> = BTreeMap::new();
     let mut listing = Vec::new();
     let mut exercises = Vec::new();
-    for (&p, dir) in &phases {
+    for dir in phases.values() {
         for file in exercise_sources(root, dir)? {
             let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
             let (new, todos) = strip_solutions(&text).map_err(|e| format!("{file}: {e}"))?;
             replaced.insert(file.clone(), new);
-            if p >= phase {
-                exercises.extend(todos.into_iter().map(|t| (file.clone(), t)));
-            }
+            exercises.extend(todos.into_iter().map(|t| (file.clone(), t)));
         }
     }
     exercises.sort_by_key(|(_, todo)| exercise_number(todo));
