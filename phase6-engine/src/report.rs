@@ -248,7 +248,11 @@ pub fn markdown(
     }
     let differing = results.first().map_or(0, |first| {
         (0..first.outputs.len())
-            .filter(|&i| results.iter().any(|r| r.outputs.get(i) != first.outputs.get(i)))
+            .filter(|&i| {
+                results
+                    .iter()
+                    .any(|r| r.outputs.get(i) != first.outputs.get(i))
+            })
             .count()
     });
     if differing == 0 {

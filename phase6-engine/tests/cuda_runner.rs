@@ -58,6 +58,8 @@ fn options(num_pages: usize, max_num_seqs: usize, enforce_eager: bool) -> CudaOp
         max_num_batched_tokens: 2048,
         max_num_seqs,
         enforce_eager,
+        // Cut every shared segment longer than a page, so that cascade's split path is tested.
+        cascade_split_min_tokens: 16,
         ..CudaOptions::default()
     }
 }
@@ -314,17 +316,18 @@ fn cascade_equals_flat_attention_on_the_device() {
             t.append_tokens(pool, n).unwrap();
             t
         };
-        // A system prompt of 20 tokens and a document of 30, both ending in partial pages.
-        let system = segment(&mut pool, 20);
-        let doc = segment(&mut pool, 30);
+        // A system prompt of 40 tokens and a document of 50, both ending in partial pages and
+        // each cut in pieces of at least a page.
+        let system = segment(&mut pool, 40);
+        let doc = segment(&mut pool, 50);
         {
             let mut both: [&mut dyn ModelRunner; 2] = [&mut gpu, &mut cpu];
-            prefill_segment(&mut both, &[], &system, &tokens(20, 1));
+            prefill_segment(&mut both, &[], &system, &tokens(40, 1));
             prefill_segment(
                 &mut both,
                 std::slice::from_ref(&system),
                 &doc,
-                &tokens(30, 2),
+                &tokens(50, 2),
             );
         }
         let seq = |id: SeqId, shared: &[&BlockTable], n: usize, pool: &mut KvPool| {

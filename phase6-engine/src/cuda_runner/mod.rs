@@ -25,7 +25,7 @@ use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 
 use forward::{Activations, Dims, KvCache};
 use graphs::DecodeGraphs;
-use plan::{Limits, StepPlan};
+use plan::{CascadeSplit, Limits, StepPlan};
 use staging::Staging;
 use weights::DeviceWeights;
 
@@ -56,6 +56,9 @@ pub struct CudaOptions {
     pub max_num_seqs: usize,
     /// Launch every kernel of every step one by one (no CUDA graphs): for debugging.
     pub enforce_eager: bool,
+    /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
+    /// with few queries is attended in several pieces at once so that it fills the GPU.
+    pub cascade_split_min_tokens: usize,
 }
 
 impl Default for CudaOptions {
@@ -68,6 +71,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
+            cascade_split_min_tokens: 1024,
         }
     }
 }
@@ -177,6 +181,12 @@ impl CudaRunner {
             max_position: config.max_position_embeddings,
             max_tokens: tokens,
             max_seqs: seqs,
+            split: CascadeSplit {
+                num_sms: gpu.num_sms(),
+                q_per_kv: hq / hkv.max(1),
+                kv_heads: hkv,
+                min_tokens: options.cascade_split_min_tokens.max(options.page_size),
+            },
         };
 
         let (before, _) = gpu.memory_info().map_err(device_error)?;

@@ -20,6 +20,34 @@ pub(crate) struct Limits {
     pub max_position: usize,
     pub max_tokens: usize,
     pub max_seqs: usize,
+    pub split: CascadeSplit,
+}
+
+/// How finely a cascade group's shared segment is cut. The prefill kernel gives each block 64
+/// (query, head) rows of one KV head, so a group of a few dozen decoding sequences makes only a
+/// handful of blocks, each walking the whole prefix: a 32k-token prefix read by 16 blocks
+/// leaves most of an H100 idle. Cut into pieces attended at once (each in its own level, merged
+/// by log-sum-exp like the levels already are), it fills the GPU; FlashDecoding's split-K for
+/// the shared half of cascade attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CascadeSplit {
+    pub num_sms: usize,
+    pub q_per_kv: usize,
+    pub kv_heads: usize,
+    /// No piece shorter than this many tokens.
+    pub min_tokens: usize,
+}
+
+impl CascadeSplit {
+    /// Pieces for `queries` query tokens over `tokens` shared tokens: enough blocks for two per
+    /// multiprocessor, at most 8 pieces.
+    fn pieces(&self, queries: usize, tokens: usize) -> usize {
+        let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
+        (2 * self.num_sms)
+            .div_ceil(blocks.max(1))
+            .min(tokens / self.min_tokens.max(1))
+            .clamp(1, 8)
+    }
 }
 
 /// The page table of one attention call in the kernels' layout (`kernels::paged`): sequence
@@ -58,6 +86,25 @@ impl Table {
                     .push((n - k * page_size).min(page_size) as i32);
             }
             len += n;
+        }
+        self.indptr.push(self.page_ids.len() as i32);
+        self.max_kv_len = self.max_kv_len.max(len);
+    }
+
+    /// Appends one sequence that reads `pages` of `segment`, a range of its written pages.
+    fn push_pages(
+        &mut self,
+        segment: &BlockTable,
+        pages: std::ops::Range<usize>,
+        page_size: usize,
+    ) {
+        let n = segment.num_tokens();
+        let mut len = 0;
+        for k in pages {
+            let tokens = (n - k * page_size).min(page_size);
+            self.page_ids.push(segment.pages()[k] as i32);
+            self.page_lens.push(tokens as i32);
+            len += tokens;
         }
         self.indptr.push(self.page_ids.len() as i32);
         self.max_kv_len = self.max_kv_len.max(len);
@@ -176,34 +223,42 @@ impl StepPlan {
             }
         }
 
-        // Cascade groups in levels: each group goes to the first level none of whose groups
-        // holds one of its sequences.
+        // Cascade groups in levels: each group (or piece of a group's segment) goes to the
+        // first level none of whose groups holds one of its sequences.
         let mut level_seqs: Vec<Vec<usize>> = Vec::new();
         for group in &batch.shared {
-            let at = level_seqs
-                .iter()
-                .position(|taken| group.seqs.iter().all(|i| !taken.contains(i)))
-                .unwrap_or_else(|| {
-                    level_seqs.push(Vec::new());
-                    plan.levels.push(Level {
-                        rows: Vec::new(),
-                        groups: Prefill::new(),
-                    });
-                    level_seqs.len() - 1
-                });
-            level_seqs[at].extend(&group.seqs);
-            let level = &mut plan.levels[at];
-            let mut queries = 0;
-            for &i in &group.seqs {
-                let n = batch.seqs[i].tokens.len();
-                level
-                    .rows
-                    .extend((first_row[i]..first_row[i] + n).map(|r| r as u32));
-                queries += n;
-            }
             let segment = &batch.seqs[group.seqs[0]].kv[group.segment];
-            level.groups.table.push_seq([segment], ps);
-            level.groups.push(queries);
+            let queries: usize = group.seqs.iter().map(|&i| batch.seqs[i].tokens.len()).sum();
+            let pages = segment.num_tokens().div_ceil(ps);
+            let pieces = limits
+                .split
+                .pieces(queries, segment.num_tokens())
+                .min(pages.max(1));
+            let per_piece = pages.div_ceil(pieces);
+            for first_page in (0..pages).step_by(per_piece.max(1)) {
+                let at = level_seqs
+                    .iter()
+                    .position(|taken| group.seqs.iter().all(|i| !taken.contains(i)))
+                    .unwrap_or_else(|| {
+                        level_seqs.push(Vec::new());
+                        plan.levels.push(Level {
+                            rows: Vec::new(),
+                            groups: Prefill::new(),
+                        });
+                        level_seqs.len() - 1
+                    });
+                level_seqs[at].extend(&group.seqs);
+                let level = &mut plan.levels[at];
+                for &i in &group.seqs {
+                    let n = batch.seqs[i].tokens.len();
+                    level
+                        .rows
+                        .extend((first_row[i]..first_row[i] + n).map(|r| r as u32));
+                }
+                let range = first_page..(first_page + per_piece).min(pages);
+                level.groups.table.push_pages(segment, range, ps);
+                level.groups.push(queries);
+            }
         }
 
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -367,6 +422,12 @@ mod tests {
         max_position: 512,
         max_tokens: 256,
         max_seqs: 8,
+        split: CascadeSplit {
+            num_sms: 132,
+            q_per_kv: 2,
+            kv_heads: 8,
+            min_tokens: 1024,
+        },
     };
 
     fn seq(id: u64, tokens: usize, kv: Vec<BlockTable>, sample: bool) -> ForwardSeq {
@@ -444,6 +505,54 @@ mod tests {
         assert_eq!(level.groups.q_indptr, vec![0, 6]);
         assert_eq!(level.groups.table.page_lens, vec![16, 16, 5]);
         assert_eq!(level.groups.table.max_kv_len, 37);
+    }
+
+    #[test]
+    fn a_long_shared_prefix_with_few_queries_is_cut_into_pieces_on_separate_levels() {
+        // 5 pages of 16 (the last holding 8 tokens); pieces of at least 32 tokens.
+        let prefix = BlockTable::from_pages(vec![10, 11, 12, 13, 14], 72);
+        let own = |p: u32| BlockTable::from_pages(vec![p], 1);
+        let batch = ForwardBatch {
+            seqs: vec![
+                seq(0, 1, vec![prefix.clone(), own(5)], true),
+                seq(1, 1, vec![prefix.clone(), own(6)], true),
+            ],
+            shared: vec![SharedSegment {
+                seqs: vec![0, 1],
+                segment: 0,
+            }],
+        };
+        let limits = Limits {
+            split: CascadeSplit {
+                min_tokens: 32,
+                ..LIMITS.split
+            },
+            ..LIMITS
+        };
+        let plan = StepPlan::new(&batch, &limits).unwrap();
+        // 72 tokens / 32 = 2 pieces of 3 and 2 pages; each on its own level, both rows in each.
+        assert_eq!(plan.levels.len(), 2);
+        let pages: Vec<_> = plan
+            .levels
+            .iter()
+            .map(|l| l.groups.table.page_ids.clone())
+            .collect();
+        assert_eq!(pages, vec![vec![10, 11, 12], vec![13, 14]]);
+        let lens: Vec<_> = plan
+            .levels
+            .iter()
+            .map(|l| l.groups.table.page_lens.clone())
+            .collect();
+        assert_eq!(lens, vec![vec![16, 16, 16], vec![16, 8]]);
+        assert!(plan.levels.iter().all(|l| l.rows == vec![0, 1]));
+        assert!(plan.levels.iter().all(|l| l.groups.q_indptr == vec![0, 2]));
+        // With the default piece length, the same group stays whole.
+        let whole = StepPlan::new(&batch, &LIMITS).unwrap();
+        assert_eq!(whole.levels.len(), 1);
+        assert_eq!(
+            whole.levels[0].groups.table.page_ids,
+            vec![10, 11, 12, 13, 14]
+        );
     }
 
     #[test]

@@ -294,7 +294,7 @@ mod tests {
     use phase1::BlockTable;
     use phase2::{ForwardBatch, ForwardSeq, SampleSpec};
 
-    use super::super::plan::Limits;
+    use super::super::plan::{CascadeSplit, Limits};
     use super::*;
 
     fn decode_plan(lens: &[usize]) -> StepPlan {
@@ -321,6 +321,12 @@ mod tests {
             max_position: 1000,
             max_tokens: 64,
             max_seqs: 16,
+            split: CascadeSplit {
+                num_sms: 132,
+                q_per_kv: 2,
+                kv_heads: 8,
+                min_tokens: 1024,
+            },
         };
         StepPlan::new(
             &ForwardBatch {
