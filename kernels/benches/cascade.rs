@@ -214,7 +214,7 @@ fn cascade(
 /// The accumulator merge `p` reads (written by merge `p - 1`) and the one it writes.
 fn two<T>(pair: &mut [T; 2], p: usize) -> (&T, &mut T) {
     let [a, b] = pair;
-    if p % 2 == 0 { (b, a) } else { (a, b) }
+    if p.is_multiple_of(2) { (b, a) } else { (a, b) }
 }
 
 fn max_abs_diff(a: &[bf16], b: &[bf16]) -> f32 {
