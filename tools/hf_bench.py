@@ -16,7 +16,21 @@ import json
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+
+class Progress(StoppingCriteria):
+    """Prints the step count and the time every `every` decode steps; never stops generation."""
+
+    def __init__(self, every, began):
+        self.every, self.began, self.steps = every, began, 0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.steps += 1
+        if self.steps % self.every == 0:
+            torch.cuda.synchronize() if input_ids.is_cuda else None
+            print(f"  step {self.steps}: {time.time() - self.began:.1f} s", flush=True)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def main():
@@ -27,9 +41,11 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="hf_bench.json")
+    ap.add_argument("--progress-every", type=int, default=128, help="print the time every N steps")
     args = ap.parse_args()
 
     torch.manual_seed(0)
+    began = time.time()
     config = AutoConfig.from_pretrained(args.config)
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(args.device).eval()
@@ -57,17 +73,23 @@ def main():
                 top_k=0,
                 top_p=1.0,
                 pad_token_id=pad,
+                stopping_criteria=StoppingCriteriaList([Progress(args.progress_every, time.time())]),
             )
 
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     run([prompts[0][:16]], 4)  # warm-up
     sync()
+    print(f"model ready in {time.time() - began:.1f} s", flush=True)
     start = time.time()
     generated = 0
     for i in range(0, len(prompts), batch):
         chunk_out = outputs[i:i + batch]
         run(prompts[i:i + batch], max(chunk_out))
         generated += max(chunk_out) * len(chunk_out)
+        sync()
+        done = sum(outputs[:i + batch])
+        print(f"{min(i + batch, len(prompts))} sequences done, {done} output tokens "
+              f"in {time.time() - start:.1f} s", flush=True)
     sync()
     seconds = time.time() - start
     result = {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceRepr, ValidAsZeroBits,
+    DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -23,6 +23,8 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's scratch memory once it is fixed ([`Gpu::fix_blas_workspace`]).
+    blas_workspace: Option<CudaSlice<u8>>,
     arch: Arch,
     num_sms: usize,
     compiler: Compiler,
@@ -60,6 +62,7 @@ impl Gpu {
             ctx,
             stream,
             blas,
+            blas_workspace: None,
             arch: Arch {
                 major: major as u32,
                 minor: minor as u32,
@@ -96,6 +99,26 @@ impl Gpu {
         &self.blas
     }
 
+    /// Gives cuBLAS a scratch buffer of its own for good. Without one it allocates scratch
+    /// memory as it goes, which a CUDA graph capture does not allow; with one, GEMMs can be
+    /// captured. 32 MiB is what Hopper's kernels ask for at most.
+    pub fn fix_blas_workspace(&mut self, bytes: usize) -> Result<()> {
+        let mut workspace = self.zeros::<u8>(bytes.max(1))?;
+        let ptr = self.ptr_mut(&mut workspace);
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(*self.blas.handle(), ptr as *mut _, bytes)
+        }
+        .result()?;
+        self.blas_workspace = Some(workspace);
+        Ok(())
+    }
+
+    /// Device memory `(free, total)` in bytes, as the driver reports it (other processes'
+    /// allocations count as used).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().during("reading the memory size")
+    }
+
     /// Compiles (or loads from the cache) and loads every kernel module now, so that the first
     /// forward step does not pay for it.
     pub fn preload(&self) -> Result<()> {
@@ -118,6 +141,33 @@ impl Gpu {
         self.stream
             .alloc_zeros(len)
             .during("allocating device memory")
+    }
+
+    /// Page-locked host memory of `len` zeroed elements: copies from it to the device are
+    /// asynchronous, the copy engine reads it directly. The caller must not rewrite it while a
+    /// copy from it is still queued.
+    pub fn pinned<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<PinnedHostSlice<T>> {
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .during("allocating pinned host memory")?;
+        let words = host.as_mut_ptr().during("reading pinned host memory")?;
+        // Safety: the allocation holds `len.max(1)` elements and zero bits are a valid `T`.
+        unsafe { std::ptr::write_bytes(words, 0, len.max(1)) };
+        Ok(host)
+    }
+
+    /// Queues a copy of `host` into the start of `device` (asynchronous when `host` is pinned).
+    pub fn copy_to_device<T: DeviceRepr>(
+        &self,
+        host: &[T],
+        device: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        crate::check::at_least("copy_to_device", "device buffer", device.len(), host.len())?;
+        self.stream
+            .memcpy_htod(host, device)
+            .during("copying to the device")
     }
 
     /// Copies a device buffer back; this waits for the work queued before it.

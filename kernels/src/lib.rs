@@ -18,8 +18,10 @@
 //! | prefill attention                   | [`prefill`]   | FlashAttention-2 on tensor cores      |
 //! | decode attention                    | [`decode`]    | bandwidth-bound paged decode, split-K |
 //! | cascade and split merges            | [`merge`]     | FlashInfer's merge_state              |
+//! | Qwen2's q/k/v bias                  | [`linear`]    | elementwise fusion                    |
 //! | SwiGLU activation                   | [`activation`]| elementwise fusion                    |
 //! | sampling                            | [`sampling`]  | radix select instead of a sort        |
+//! | a whole decode step                 | [`graph`]     | CUDA graphs: one launch per step      |
 
 mod check;
 pub mod compile;
@@ -30,6 +32,7 @@ mod source;
 pub mod activation;
 pub mod decode;
 pub mod gather;
+pub mod graph;
 pub mod linear;
 pub mod merge;
 pub mod norm;
@@ -43,5 +46,8 @@ pub use device::Gpu;
 pub use error::{Error, Result};
 pub use source::Source;
 
-pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+pub use cudarc::driver::{
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice,
+    ValidAsZeroBits,
+};
 pub use half::bf16;

@@ -9,12 +9,13 @@
 //! time turns three GEMMs into one larger, more efficient one.
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::check;
-use crate::device::Gpu;
-use crate::error::Result;
+use crate::device::{Gpu, grid};
+use crate::error::{DriverContext, Result};
+use crate::source::Source;
 
 /// Output element types of [`linear`].
 pub trait GemmOutput: DeviceRepr {
@@ -77,6 +78,34 @@ pub fn linear<T: GemmOutput>(
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }?;
+    Ok(())
+}
+
+/// `y[r, :] += bias` for `rows` rows: the bias of a linear layer (Qwen2's q/k/v), which the
+/// GEMM above leaves out. `y: bf16[rows, width]`, `bias: bf16[width]`.
+pub fn add_bias(
+    gpu: &Gpu,
+    y: &mut impl DevicePtrMut<bf16>,
+    bias: &impl DevicePtr<bf16>,
+    rows: usize,
+    width: usize,
+) -> Result<()> {
+    const K: &str = "add_bias";
+    check::multiple_of_8(K, "width", width)?;
+    check::at_least(K, "y", y.len(), rows * width)?;
+    check::at_least(K, "bias", bias.len(), width)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (py, pb) = (gpu.ptr_mut(y), gpu.ptr(bias));
+    check::aligned(K, "y", py)?;
+    check::aligned(K, "bias", pb)?;
+    let f = gpu.function(Source::Bias, "add_bias")?;
+    let blocks = (rows * width / 8).div_ceil(256).min(gpu.num_sms() * 8) as u32;
+    let (rows_arg, width_arg) = (check::int(K, "rows", rows)?, check::int(K, "width", width)?);
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch.arg(&py).arg(&pb).arg(&rows_arg).arg(&width_arg);
+    unsafe { launch.launch(grid((blocks, 1, 1), 256)) }.during(K)?;
     Ok(())
 }
 

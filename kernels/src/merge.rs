@@ -5,7 +5,7 @@
 //! the prefix), then each request's attention over its own pages, and merges the two partial
 //! states per (query, head). Split-K decode merges its splits the same way.
 
-use cudarc::driver::{CudaView, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::check;
@@ -69,6 +69,55 @@ pub fn merge_state(
     launch.arg(&rows_arg).arg(&d_arg);
     let threads = rows * head_dim / 8;
     unsafe { launch.launch(grid((threads.div_ceil(256) as u32, 1, 1), 256)) }.during(K)?;
+    Ok(())
+}
+
+/// Folds a partial state computed for gathered query rows back into the main state, in place:
+/// gathered row `i` is token `index[i]`, so `(o, lse)[index[i], h]` becomes the merge of itself
+/// and `part[i, h]` for every head `h`. This is cascade attention when the queries that share a
+/// segment are not contiguous in the batch: gather them ([`crate::gather::gather_rows`]), attend
+/// the shared pages once, and merge the result back. `o: bf16[out_rows, heads, head_dim]`,
+/// `lse: f32[out_rows, heads]`, `part: [index.len(), heads, ...]`; indices must be distinct
+/// (an index >= `out_rows` is skipped).
+pub fn merge_state_into(
+    gpu: &Gpu,
+    o: &mut impl DevicePtrMut<bf16>,
+    lse: &mut impl DevicePtrMut<f32>,
+    part: &PartialState<'_>,
+    index: &impl DevicePtr<u32>,
+    heads: usize,
+    head_dim: usize,
+) -> Result<()> {
+    const K: &str = "merge_state_into";
+    check::head_dim(K, head_dim)?;
+    let rows = index.len();
+    check::at_least(K, "part.o", part.o.len(), rows * heads * head_dim)?;
+    check::at_least(K, "part.lse", part.lse.len(), rows * heads)?;
+    let out_rows = o.len() / (heads * head_dim).max(1);
+    check::at_least(K, "lse", lse.len(), out_rows * heads)?;
+    if rows == 0 || heads == 0 {
+        return Ok(());
+    }
+    let (po, pl) = (gpu.ptr_mut(o), gpu.ptr_mut(lse));
+    check::aligned(K, "o", po)?;
+    check::aligned(K, "part.o", gpu.ptr(&part.o))?;
+    let f = gpu.function(Source::Merge, "merge_state_into")?;
+    let ptrs = [po, pl, gpu.ptr(&part.o), gpu.ptr(&part.lse), gpu.ptr(index)];
+    let ints = [
+        check::int(K, "rows", rows)?,
+        check::int(K, "out_rows", out_rows)?,
+        check::int(K, "heads", heads)?,
+        head_dim as i32,
+    ];
+    let mut launch = gpu.stream().launch_builder(&f);
+    for p in &ptrs {
+        launch.arg(p);
+    }
+    for i in &ints {
+        launch.arg(i);
+    }
+    let threads = check::int(K, "rows * heads", rows * heads)? as usize;
+    unsafe { launch.launch(grid((threads.div_ceil(128) as u32, 1, 1), 128)) }.during(K)?;
     Ok(())
 }
 

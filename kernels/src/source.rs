@@ -14,10 +14,11 @@ pub enum Source {
     Merge,
     SiluMul,
     Sampling,
+    Bias,
 }
 
 impl Source {
-    pub const ALL: [Source; 8] = [
+    pub const ALL: [Source; 9] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
@@ -26,6 +27,7 @@ impl Source {
         Source::Merge,
         Source::SiluMul,
         Source::Sampling,
+        Source::Bias,
     ];
 
     pub fn file(self) -> &'static str {
@@ -38,6 +40,7 @@ impl Source {
             Source::Merge => "merge.cu",
             Source::SiluMul => "silu_mul.cu",
             Source::Sampling => "sampling.cu",
+            Source::Bias => "bias.cu",
         }
     }
 
@@ -51,6 +54,7 @@ impl Source {
             Source::Merge => include_str!("cuda/merge.cu"),
             Source::SiluMul => include_str!("cuda/silu_mul.cu"),
             Source::Sampling => include_str!("cuda/sampling.cu"),
+            Source::Bias => include_str!("cuda/bias.cu"),
         }
     }
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
-use kernels::merge::{PartialState, merge_state};
+use kernels::merge::{PartialState, merge_state, merge_state_into};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
@@ -473,6 +473,82 @@ fn cascade_partials_merged_equal_flat_attention() {
 
         let (flat_out, _) = run_prefill(&gpu, &p, &dev, &flat, true);
         assert_close(&format!("{name} vs flat kernel"), &out, &flat_out, BF16_TOL);
+    }
+}
+
+/// Folding a partial state into gathered rows in place equals merge_state on those rows, and
+/// leaves every other row as it was.
+#[test]
+fn merge_state_into_gathered_rows_equals_merge_state() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(29);
+    let (tokens, heads, d) = (9, 4, 64);
+    let index: Vec<u32> = vec![7, 2, 3, 8];
+    let n = index.len();
+    let o = to_bf16(&rng.normals(tokens * heads * d, 1.0));
+    let mut lse: Vec<f32> = rng.normals(tokens * heads, 2.0);
+    lse[2 * heads + 1] = f32::NEG_INFINITY; // an empty main part: the result is the partial
+    let part_o = to_bf16(&rng.normals(n * heads * d, 1.0));
+    let part_lse: Vec<f32> = rng.normals(n * heads, 2.0);
+
+    // Reference: merge_state over the gathered main rows.
+    let gathered_o: Vec<kernels::bf16> = index
+        .iter()
+        .flat_map(|&t| o[t as usize * heads * d..(t as usize + 1) * heads * d].to_vec())
+        .collect();
+    let gathered_lse: Vec<f32> = index
+        .iter()
+        .flat_map(|&t| lse[t as usize * heads..(t as usize + 1) * heads].to_vec())
+        .collect();
+    let (ga, gl) = (
+        gpu.upload(&gathered_o).unwrap(),
+        gpu.upload(&gathered_lse).unwrap(),
+    );
+    let (pa, pl) = (gpu.upload(&part_o).unwrap(), gpu.upload(&part_lse).unwrap());
+    let a = PartialState {
+        o: ga.as_view(),
+        lse: gl.as_view(),
+    };
+    let b = PartialState {
+        o: pa.as_view(),
+        lse: pl.as_view(),
+    };
+    let mut want_o = gpu.upload(&poison_bf16(n * heads * d)).unwrap();
+    let mut want_lse = gpu.upload(&poison_f32(n * heads)).unwrap();
+    merge_state(&gpu, &a, &b, &mut want_o, Some(&mut want_lse), n * heads, d).unwrap();
+    let (want_o, want_lse) = (
+        gpu.download(&want_o).unwrap(),
+        gpu.download(&want_lse).unwrap(),
+    );
+
+    let (mut d_o, mut d_lse) = (gpu.upload(&o).unwrap(), gpu.upload(&lse).unwrap());
+    let d_index = gpu.upload(&index).unwrap();
+    merge_state_into(&gpu, &mut d_o, &mut d_lse, &b, &d_index, heads, d).unwrap();
+    let (got_o, got_lse) = (gpu.download(&d_o).unwrap(), gpu.download(&d_lse).unwrap());
+    let row = heads * d;
+    for t in 0..tokens {
+        let (got, got_l) = (
+            &got_o[t * row..(t + 1) * row],
+            &got_lse[t * heads..(t + 1) * heads],
+        );
+        match index.iter().position(|&x| x as usize == t) {
+            Some(i) => {
+                assert_close(
+                    &format!("merged row {t}"),
+                    &wide(got),
+                    &wide(&want_o[i * row..(i + 1) * row]),
+                    BF16_TOL,
+                );
+                let want_l = &want_lse[i * heads..(i + 1) * heads];
+                for (x, y) in got_l.iter().zip(want_l) {
+                    assert!((x - y).abs() < 1e-4, "row {t}: lse {x} vs {y}");
+                }
+            }
+            None => {
+                assert_eq!(got, &o[t * row..(t + 1) * row], "row {t} untouched");
+                assert_eq!(got_l, &lse[t * heads..(t + 1) * heads]);
+            }
+        }
     }
 }
 

@@ -174,6 +174,23 @@ fn linear_through_cublas_with_fused_weights() {
 }
 
 #[test]
+fn bias_is_added_to_every_row() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let (rows, width) = (13, 384);
+    let y = to_bf16(&rng.normals(rows * width, 1.0));
+    let bias = to_bf16(&rng.normals(width, 0.5));
+    let mut d_y = gpu.upload(&y).unwrap();
+    let d_bias = gpu.upload(&bias).unwrap();
+    linear::add_bias(&gpu, &mut d_y, &d_bias, rows, width).unwrap();
+    let got = wide(&gpu.download(&d_y).unwrap());
+    let want: Vec<f64> = (0..rows * width)
+        .map(|i| round_bf16(y[i].to_f64() + bias[i % width].to_f64()))
+        .collect();
+    assert_close("add_bias", &got, &want, 1e-6);
+}
+
+#[test]
 fn wrong_sizes_are_refused_before_launch() {
     let Some(gpu) = gpu() else { return };
     let x = gpu.upload(&to_bf16(&[1.0; 64])).unwrap();

@@ -8,6 +8,8 @@
 
 mod batch;
 mod error;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod sampling_params;
 mod sequence;
 

@@ -13,6 +13,8 @@
 
 mod block_table;
 mod error;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod free_queue;
 mod kv_layout;
 mod kv_pool;

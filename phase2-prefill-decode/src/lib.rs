@@ -12,6 +12,8 @@ mod config;
 mod cpu_runner;
 mod decode_manager;
 mod error;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod hash_runner;
 mod kv_store;
 mod model;

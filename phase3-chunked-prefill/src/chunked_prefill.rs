@@ -87,6 +87,12 @@ impl ChunkedPrefillManager {
         self.waiting.iter()
     }
 
+    /// Reorders the waiting queue by `key`, smallest first, keeping the order of equal keys:
+    /// an admission policy other than first come, first served.
+    pub fn sort_waiting_by_key<K: Ord>(&mut self, key: impl FnMut(&SeqState) -> K) {
+        self.waiting.make_contiguous().sort_by_key(key);
+    }
+
     pub fn prefilling(&self) -> impl Iterator<Item = &ChunkedRequest> {
         self.prefilling.iter()
     }

@@ -10,6 +10,8 @@
 
 mod chunked_prefill;
 mod chunked_request;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod prefix_cache;
 mod scheduler;
 

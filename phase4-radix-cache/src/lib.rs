@@ -12,10 +12,12 @@
 //! and as much memory traffic as recomputing a few tokens, and it would make the node's page
 //! writable by two owners.
 
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod radix_cache;
 mod radix_tree;
 mod stats;
 
 pub use radix_cache::RadixCache;
-pub use radix_tree::{MatchResult, NodeId, RadixTree};
+pub use radix_tree::{LeafInfo, MatchResult, NodeId, RadixTree};
 pub use stats::CacheStats;

@@ -48,6 +48,8 @@ impl RadixCache {
 }
 
 impl PrefixCache for RadixCache {
+    /// Matches the prompt in the tree, locks the matched path and gives the sequence a holder
+    /// of each matched page; the lookup and its hit tokens go into the statistics.
     fn acquire(
         &mut self,
         pool: &mut KvPool,
@@ -70,6 +72,8 @@ impl PrefixCache for RadixCache {
         // END SOLUTION
     }
 
+    /// Inserts the sequence's whole computed pages into the tree (which takes its own holders
+    /// of the new ones) and unlocks the path the sequence locked at admission.
     fn release(&mut self, pool: &mut KvPool, seq: SeqId, tokens: &[TokenId], pages: &[PageId]) {
         // BEGIN SOLUTION
         let full_pages = (tokens.len() / self.tree.page_size()).min(pages.len());

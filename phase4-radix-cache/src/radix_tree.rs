@@ -4,8 +4,9 @@
 //! tokens and the pages with their K/V (a whole number of pages). Children are found by the
 //! first page of their edge, so a lookup costs one hash probe and one comparison per edge.
 //! Inserting a sequence that diverges in the middle of an edge splits it, so that shared
-//! prefixes are stored once. Nodes carry a lock count (running requests use them) and a
-//! last-access time for least-recently-used eviction of unlocked leaves.
+//! prefixes are stored once. Nodes carry a lock count (running requests use them), a
+//! last-access time for least-recently-used eviction of unlocked leaves, and a count of the
+//! requests that used them, for policies that weigh frequency instead.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -31,6 +32,8 @@ struct Node {
     /// Running requests whose matched prefix passes through this node.
     lock_ref: u32,
     last_access: u64,
+    /// Requests that ever locked this node: how often its K/V was reused.
+    uses: u64,
 }
 
 impl Node {
@@ -42,8 +45,21 @@ impl Node {
             children: HashMap::new(),
             lock_ref: 0,
             last_access: now,
+            uses: 0,
         }
     }
+}
+
+/// What an eviction policy may weigh about a leaf it could evict now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafInfo {
+    pub node: NodeId,
+    /// Pages on its edge: what evicting it can give back.
+    pub num_pages: usize,
+    /// The tree's clock at its last match or insert (larger is more recent).
+    pub last_access: u64,
+    /// Requests that reused its K/V (locked it), ever.
+    pub uses: u64,
 }
 
 /// The longest cached prefix of a token sequence.
@@ -137,7 +153,7 @@ impl RadixTree {
     fn split(&mut self, child: NodeId, pages: usize) -> NodeId {
         let cut = pages * self.page_size;
         let parent = self.node(child).parent;
-        let (upper_key, lower_key, upper_pages, lower_pages, lock_ref, last_access) = {
+        let (upper_key, lower_key, upper_pages, lower_pages, lock_ref, last_access, uses) = {
             let c = self.node_mut(child);
             let lower_key = c.key.split_off(cut);
             let lower_pages = c.pages.split_off(pages);
@@ -148,12 +164,14 @@ impl RadixTree {
                 lower_pages,
                 c.lock_ref,
                 c.last_access,
+                c.uses,
             )
         };
         let first_lower: Box<[TokenId]> = lower_key[..self.page_size].into();
         let first_upper: Box<[TokenId]> = upper_key[..self.page_size].into();
         let mut upper = Node::new(parent, upper_key, upper_pages, last_access);
         upper.lock_ref = lock_ref;
+        upper.uses = uses;
         let upper_id = self.alloc(upper);
         self.node_mut(upper_id).children.insert(first_lower, child);
         let c = self.node_mut(child);
@@ -248,12 +266,13 @@ impl RadixTree {
         // END SOLUTION
     }
 
-    /// Keeps every node from `node` up to the root from eviction.
+    /// Keeps every node from `node` up to the root from eviction, and counts a use of each.
     pub fn lock(&mut self, node: NodeId) {
         let mut id = node;
         while id != ROOT {
             let n = self.node_mut(id);
             n.lock_ref += 1;
+            n.uses += 1;
             id = n.parent;
         }
     }
@@ -278,38 +297,69 @@ impl RadixTree {
         id != ROOT && n.children.is_empty() && n.lock_ref == 0
     }
 
+    /// The node as an eviction candidate, if it is one: a leaf that is not locked.
+    pub fn leaf_info(&self, node: NodeId) -> Option<LeafInfo> {
+        let n = self.nodes.get(node)?.as_ref()?;
+        self.is_evictable_leaf(node).then_some(LeafInfo {
+            node,
+            num_pages: n.pages.len(),
+            last_access: n.last_access,
+            uses: n.uses,
+        })
+    }
+
+    /// Every leaf eviction may take now, in node order.
+    pub fn evictable_leaves(&self) -> Vec<LeafInfo> {
+        (0..self.nodes.len())
+            .filter_map(|id| self.leaf_info(id))
+            .collect()
+    }
+
+    /// Removes an unlocked leaf: the tree lets go of its pages. Returns how many went back to
+    /// the pool (a page a running request still holds stays with it) and the leaf's parent,
+    /// which may have become an evictable leaf in turn.
+    pub fn remove_leaf(&mut self, pool: &mut KvPool, node: NodeId) -> (usize, NodeId) {
+        assert!(
+            self.leaf_info(node).is_some(),
+            "node {node} is not an unlocked leaf"
+        );
+        // BEGIN SOLUTION
+        let n = self.nodes[node].take().expect("live node");
+        self.free_ids.push(node);
+        let mut freed = 0;
+        for &p in &n.pages {
+            if pool.ref_count(p) == Ok(1) {
+                freed += 1;
+            }
+            pool.free(p).expect("the tree holds each of its pages");
+        }
+        self.pages_held -= n.pages.len();
+        let ps = self.page_size;
+        self.node_mut(n.parent).children.remove(&n.key[..ps]);
+        (freed, n.parent)
+        // END SOLUTION
+    }
+
     /// Frees least-recently-used unlocked leaves until at least `num_pages` pages went back
     /// to the pool (or nothing is evictable). A parent left childless becomes a candidate in
     /// turn. Returns (nodes evicted, pages freed).
     pub fn evict(&mut self, pool: &mut KvPool, num_pages: usize) -> (usize, usize) {
         // BEGIN SOLUTION
         let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(id, n)| n.is_some() && self.is_evictable_leaf(*id))
-            .map(|(id, n)| Reverse((n.as_ref().expect("live").last_access, id)))
+            .evictable_leaves()
+            .into_iter()
+            .map(|leaf| Reverse((leaf.last_access, leaf.node)))
             .collect();
         let (mut nodes, mut freed) = (0, 0);
         while freed < num_pages {
             let Some(Reverse((_, id))) = heap.pop() else {
                 break;
             };
-            let node = self.nodes[id].take().expect("live node");
-            self.free_ids.push(id);
-            for &p in &node.pages {
-                if pool.ref_count(p) == Ok(1) {
-                    freed += 1;
-                }
-                pool.free(p).expect("the tree holds each of its pages");
-            }
-            self.pages_held -= node.pages.len();
+            let (pages, parent) = self.remove_leaf(pool, id);
+            freed += pages;
             nodes += 1;
-            let parent = node.parent;
-            let ps = self.page_size;
-            self.node_mut(parent).children.remove(&node.key[..ps]);
-            if self.is_evictable_leaf(parent) {
-                heap.push(Reverse((self.node(parent).last_access, parent)));
+            if let Some(leaf) = self.leaf_info(parent) {
+                heap.push(Reverse((leaf.last_access, leaf.node)));
             }
         }
         (nodes, freed)

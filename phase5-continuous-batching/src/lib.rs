@@ -9,6 +9,8 @@
 
 mod config;
 mod engine;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod request_pool;
 mod scheduler;
 

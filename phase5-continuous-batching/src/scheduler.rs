@@ -114,6 +114,17 @@ impl Scheduler {
         self.inner.add(state);
     }
 
+    /// The waiting queue, in admission order (preempted sequences at the front).
+    pub fn waiting(&self) -> impl Iterator<Item = &SeqState> {
+        self.inner.prefill.waiting()
+    }
+
+    /// Reorders the waiting queue by `key`, smallest first, equal keys as they were: the
+    /// hook for admission policies (shortest job first, priorities, ...).
+    pub fn sort_waiting_by_key<K: Ord>(&mut self, key: impl FnMut(&SeqState) -> K) {
+        self.inner.prefill.sort_waiting_by_key(key);
+    }
+
     /// Pages held only by the prefix cache, given back to the pool (e.g. when the engine is
     /// idle and a test wants to see every page free).
     pub fn clear_cache(&mut self) {

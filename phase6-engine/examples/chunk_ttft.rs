@@ -65,7 +65,13 @@ fn main() -> Result<(), phase6::Error> {
             .map(|i| (i * 7919 + salt * 104_729) % vocab)
             .collect()
     };
-    let llm = LLM::with_weights(model_config.clone(), &weights, tokenizer()?, config.clone())?;
+    // Two engines share the device: the chunk engine takes under half of its memory and the
+    // recomputing one what is left.
+    let chunk_config = Config {
+        gpu_memory_utilization: 0.45,
+        ..config.clone()
+    };
+    let llm = LLM::with_weights(model_config.clone(), &weights, tokenizer()?, chunk_config)?;
     eprintln!("{}", llm.startup_report());
     let mut chunks = ChunkedLLM::from_llm(
         llm,

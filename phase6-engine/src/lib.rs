@@ -8,6 +8,8 @@ pub mod cascade;
 mod chunks;
 pub mod cli;
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda_runner;
 mod error;
 mod llm;
 mod prompt;
@@ -23,6 +25,8 @@ pub use chunks::{
     metadata_map,
 };
 pub use config::{Config, Device};
+#[cfg(feature = "cuda")]
+pub use cuda_runner::{CudaOptions, CudaRunner, MemoryReport};
 pub use error::Error;
 pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};

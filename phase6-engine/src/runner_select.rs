@@ -76,3 +76,31 @@ fn gpu_runner(_: ModelConfig, _: &Weights, _: &Config, n: usize) -> Result<Runne
         "cuda:{n} asked for, but this build has no CUDA support (build with `--features cuda`)"
     )))
 }
+
+/// The CUDA runner on device `n`, its KV cache sized by `gpu_memory_utilization` unless the
+/// config fixes the page count.
+#[cfg(feature = "cuda")]
+fn gpu_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+    n: usize,
+) -> Result<Runner, Error> {
+    let options = crate::CudaOptions {
+        device: n,
+        page_size: config.kvcache_block_size,
+        gpu_memory_utilization: config.gpu_memory_utilization,
+        num_pages: (config.num_kvcache_blocks > 0).then_some(config.num_kvcache_blocks as usize),
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        max_num_seqs: config.max_num_seqs,
+        enforce_eager: config.enforce_eager,
+        ..crate::CudaOptions::default()
+    };
+    let runner = crate::CudaRunner::new(&model_config, weights, options)?;
+    let report = format!("device cuda:{n}: {}", runner.memory_report());
+    Ok(Runner {
+        runner: Box::new(runner),
+        device: Device::Cuda(n),
+        report,
+    })
+}

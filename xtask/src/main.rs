@@ -5,8 +5,12 @@
 //! by `todo!("chapter N.k: ...")`, keeping every signature and every test, so the reference
 //! tests become the student's harness. `--check` proves, in a temporary directory, that the
 //! starter builds and that its chapter tests fail only with those todo messages.
-//! `cargo xtask regions` lists every solution region (the teacher's map of the course).
+//! Exercise files (`phaseN/src/exercises/`) lose their reference answers in every starter,
+//! whatever the chapter: only their `todo!("exercise N.k: ...")` stubs are handed out.
+//! `cargo xtask regions` lists every solution region and exercise (the teacher's map of the
+//! course).
 
+mod exercise_stubs;
 mod solution_regions;
 
 use std::collections::BTreeMap;
@@ -14,12 +18,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use exercise_stubs::strip_solutions;
 use solution_regions::{Region, replace_regions};
 
 const USAGE: &str = "usage:
   cargo xtask starter --phase N --out DIR    write the starter workspace for chapter N
   cargo xtask starter --check [--phase N]    check the starter of chapter N (default: every chapter)
-  cargo xtask regions                        list every solution region";
+  cargo xtask regions                        list every solution region and exercise";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -74,11 +79,20 @@ fn run(args: &[String]) -> Result<(), String> {
             } else {
                 let phase = phase.ok_or(format!("--phase is required\n{USAGE}"))?;
                 let out = out.ok_or(format!("--out is required\n{USAGE}"))?;
+                // A starter overwrites files: never write one over a student's work.
+                if fs::read_dir(&out).is_ok_and(|mut entries| entries.next().is_some()) {
+                    return Err(format!(
+                        "{} is not empty: write the starter into a new directory",
+                        out.display()
+                    ));
+                }
                 let regions = write_starter(&root, phase, &out)?;
+                let exercises = exercises_of(&root, &phases[&phase])?;
                 println!(
-                    "wrote the chapter {phase} starter to {} ({} todo!s to write)",
+                    "wrote the chapter {phase} starter to {} ({} todo!s to write, {} exercise todo!s)",
                     out.display(),
-                    regions.len()
+                    regions.len(),
+                    exercises.len()
                 );
                 println!("next: cd {} && cargo test -p phase{phase}", out.display());
                 Ok(())
@@ -91,6 +105,9 @@ fn run(args: &[String]) -> Result<(), String> {
                         "{}  {}  {}  {}",
                         region.section, file, region.function, region.hint
                     );
+                }
+                for (file, todo) in exercises_of(&root, &dir)? {
+                    println!("{todo}  ({file})");
                 }
             }
             Ok(())
@@ -151,14 +168,51 @@ fn repo_files(root: &Path) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// The Rust sources of one chapter, sorted, so region numbers are stable.
+/// The Rust sources of one chapter, sorted, so region numbers are stable; its exercises
+/// are apart (they are numbered by hand and never part of the chapter's harness).
 fn chapter_sources(root: &Path, dir: &str) -> Result<Vec<String>, String> {
+    let exercises = format!("{dir}/src/exercises/");
     let mut files: Vec<String> = repo_files(root)?
         .into_iter()
         .filter(|f| f.starts_with(&format!("{dir}/src/")) && f.ends_with(".rs"))
+        .filter(|f| !f.starts_with(&exercises))
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The exercise files of one chapter, sorted.
+fn exercise_sources(root: &Path, dir: &str) -> Result<Vec<String>, String> {
+    let exercises = format!("{dir}/src/exercises/");
+    let mut files: Vec<String> = repo_files(root)?
+        .into_iter()
+        .filter(|f| f.starts_with(&exercises) && f.ends_with(".rs"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Each exercise `todo!` message of a chapter, with its file.
+fn exercises_of(root: &Path, dir: &str) -> Result<Vec<(String, String)>, String> {
+    let mut all = Vec::new();
+    for file in exercise_sources(root, dir)? {
+        let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+        let (_, todos) = strip_solutions(&text).map_err(|e| format!("{file}: {e}"))?;
+        all.extend(todos.into_iter().map(|t| (file.clone(), t)));
+    }
+    all.sort_by_key(|(_, todo)| exercise_number(todo));
+    Ok(all)
+}
+
+/// `exercise 4.2: ...` -> (4, 2), for listing exercises in the tutorial's order.
+fn exercise_number(todo: &str) -> (usize, usize) {
+    let number = todo
+        .strip_prefix("exercise ")
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.split_once('.'));
+    number
+        .and_then(|(c, k)| Some((c.parse().ok()?, k.parse().ok()?)))
+        .unwrap_or((usize::MAX, usize::MAX))
 }
 
 fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Region)>, String> {
@@ -172,11 +226,22 @@ fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Reg
     Ok(all)
 }
 
-/// Copies the repository to `out` with the solution regions of chapters >= `phase` replaced.
+/// Copies the repository to `out` with the solution regions of chapters >= `phase` replaced
+/// and the reference answers of every chapter's exercises cut.
 fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, String> {
     let phases = phase_dirs(root)?;
     let mut replaced: BTreeMap<String, String> = BTreeMap::new();
     let mut listing = Vec::new();
+    let mut exercises = Vec::new();
+    for dir in phases.values() {
+        for file in exercise_sources(root, dir)? {
+            let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+            let (new, todos) = strip_solutions(&text).map_err(|e| format!("{file}: {e}"))?;
+            replaced.insert(file.clone(), new);
+            exercises.extend(todos.into_iter().map(|t| (file.clone(), t)));
+        }
+    }
+    exercises.sort_by_key(|(_, todo)| exercise_number(todo));
     for (&p, dir) in phases.range(phase..) {
         let mut index = 1;
         for file in chapter_sources(root, dir)? {
@@ -210,12 +275,22 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
             r.section, r.function, r.hint
         ));
     }
+    if !exercises.is_empty() {
+        guide.push_str(
+            "\n## Exercises\n\nOnce a chapter's tests pass: `cargo test -p phaseN --features exercises --test exercises`.\n\n",
+        );
+        for (file, todo) in &exercises {
+            guide.push_str(&format!("- {todo} (`{file}`)\n"));
+        }
+    }
     fs::write(out.join("STARTER.md"), guide).map_err(|e| e.to_string())?;
     Ok(listing.into_iter().map(|(_, r)| r).collect())
 }
 
 /// Writes the chapter's starter to a temporary directory, builds it, and runs the chapter's
-/// tests: they must fail, and only with that chapter's todo messages.
+/// tests: they must fail, and only with that chapter's todo messages. Then its exercise tests,
+/// which may fail only on an exercise todo (or on the chapter's own, which they build on), and
+/// no exercise file may still hold an answer.
 fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
         "nano-serving-starter-{phase}-{}",
@@ -223,12 +298,27 @@ fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
     ));
     let _ = fs::remove_dir_all(&dir);
     let regions = write_starter(root, phase, &dir)?;
-    // Share the repository's build directory: the dependencies are compiled once.
-    let target = root.join("target");
+    let result = check_written_starter(root, phase, &dir, &regions);
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn check_written_starter(
+    root: &Path,
+    phase: usize,
+    dir: &Path,
+    regions: &[Region],
+) -> Result<(), String> {
+    no_answers_left(dir)?;
+    // A build directory of its own, shared by every chapter's starter so the dependencies
+    // are compiled once. Not the repository's: cargo names a workspace crate's artifacts by
+    // its path inside the workspace, so a starter's `phase0` would replace the reference
+    // `phase0` there and look up to date to the next build of the repository.
+    let target = root.join("target").join("starter");
     let cargo = |args: &[&str]| {
         Command::new(env!("CARGO"))
             .args(args)
-            .current_dir(&dir)
+            .current_dir(dir)
             .env("CARGO_TARGET_DIR", &target)
             .output()
             .map_err(|e| format!("cannot run cargo: {e}"))
@@ -241,52 +331,108 @@ fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
         ));
     }
     let package = format!("phase{phase}");
-    let tested = cargo(&[
-        "test",
-        "-p",
-        &package,
-        "--no-fail-fast",
-        "--",
-        "--test-threads=1",
-    ])?;
+    let chapter_todo = format!("not yet implemented: chapter {phase}.");
+    if regions.is_empty() {
+        println!("chapter {phase}: no solution regions, nothing to check");
+    } else {
+        let tested = cargo(&[
+            "test",
+            "-p",
+            &package,
+            "--no-fail-fast",
+            "--",
+            "--test-threads=1",
+        ])?;
+        let failures = only_todo_failures(&tested, &[&chapter_todo])
+            .map_err(|e| format!("chapter {phase} starter: {e}"))?;
+        let own = regions
+            .iter()
+            .filter(|r| r.section.starts_with(&format!("chapter {phase}.")))
+            .count();
+        println!(
+            "chapter {phase}: starter builds; {failures} tests fail, each on one of its {own} todo!s"
+        );
+    }
+    let phases = phase_dirs(root)?;
+    let exercises = exercises_of(root, &phases[&phase])?;
+    if !exercises.is_empty() {
+        let tested = cargo(&[
+            "test",
+            "-p",
+            &package,
+            "--features",
+            "exercises",
+            "--test",
+            "exercises",
+            "--no-fail-fast",
+            "--",
+            "--test-threads=1",
+        ])?;
+        let exercise_todo = format!("not yet implemented: exercise {phase}.");
+        let failures = only_todo_failures(&tested, &[&exercise_todo, &chapter_todo])
+            .map_err(|e| format!("chapter {phase} starter, exercises: {e}"))?;
+        println!(
+            "chapter {phase}: {failures} exercise tests fail, each on a todo!; {} exercise todo!s",
+            exercises.len()
+        );
+    }
+    Ok(())
+}
+
+/// Checks a test run that must fail, and only on todos with one of `expected` messages.
+/// Returns how many tests failed.
+fn only_todo_failures(tested: &std::process::Output, expected: &[&str]) -> Result<usize, String> {
     let log = format!(
         "{}\n{}",
         String::from_utf8_lossy(&tested.stdout),
         String::from_utf8_lossy(&tested.stderr)
     );
     let failures = failure_sections(&log);
-    let expected = format!("not yet implemented: chapter {phase}.");
-    let wrong: Vec<&(String, String)> = failures
-        .iter()
-        .filter(|(_, body)| !body.contains(&expected))
-        .collect();
-    let _ = fs::remove_dir_all(&dir);
-    if regions.is_empty() {
-        println!("chapter {phase}: no solution regions, nothing to check");
-        return Ok(());
-    }
     if tested.status.success() || failures.is_empty() {
-        return Err(format!(
-            "chapter {phase} starter: its tests pass, but {} todo!s are left",
-            regions.len()
-        ));
+        if log.contains("error[") || log.contains("could not compile") {
+            return Err(format!("the tests do not build:\n{log}"));
+        }
+        return Err("its tests pass, but todo!s are left".into());
     }
-    if let Some((name, body)) = wrong.first() {
-        return Err(format!(
-            "chapter {phase} starter: test {name} fails for another reason than a chapter {phase} todo:\n{body}"
-        ));
-    }
-    let own = regions
+    let wrong = failures
         .iter()
-        .filter(|r| r.section.starts_with(&format!("chapter {phase}.")))
-        .count();
-    println!(
-        "chapter {phase}: starter builds; {} tests fail, each on one of its {own} todo!s",
-        failures.len(),
-    );
-    Ok(())
+        .find(|(_, body)| !expected.iter().any(|e| body.contains(e)));
+    if let Some((name, body)) = wrong {
+        return Err(format!(
+            "test {name} fails for another reason than a todo ({}):\n{body}",
+            expected.join(" or ")
+        ));
+    }
+    Ok(failures.len())
 }
 
+/// No exercise file of a written starter may hold a reference answer or its feature switch.
+fn no_answers_left(dir: &Path) -> Result<(), String> {
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in fs::read_dir(&folder).map_err(|e| format!("{}: {e}", folder.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let in_exercises = path.parent().is_some_and(|p| p.ends_with("src/exercises"));
+            if !in_exercises || path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            for leak in ["BEGIN SOLUTION", "feature = \"solutions\""] {
+                if text.contains(leak) {
+                    return Err(format!(
+                        "starter file {} still holds {leak:?}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
 /// The `---- name stdout ----` sections of a cargo test log, by test name.
 fn failure_sections(log: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();

@@ -1,0 +1,381 @@
+//! One forward step on the device: embedding, the decoder layers, the final norm and the
+//! lm_head, as a fixed sequence of launches on one stream with no host synchronisation. The
+//! same code runs a step eagerly or records it into a CUDA graph.
+//!
+//! Hidden states are bf16 between kernels, arithmetic inside them f32 (as in vLLM). The
+//! residual stream is added inside the norms (`add_rms_norm`), and only the last token of each
+//! sampling sequence goes through the lm_head.
+
+use kernels::decode::{self, DecodeWorkspace};
+use kernels::merge::{self, PartialState};
+use kernels::paged::{AttentionInputs, CacheShape, PageTable};
+use kernels::prefill::{self, PrefillQueries};
+use kernels::rope::{self, RopeStore};
+use kernels::{
+    CudaSlice, CudaView, CudaViewMut, DevicePtrMut, Gpu, Result, activation, bf16, gather, linear,
+    norm,
+};
+use phase2::ModelConfig;
+
+use super::weights::{DeviceWeights, LayerWeights};
+
+/// The model's sizes as the kernels take them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Dims {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub inter: usize,
+    pub vocab: usize,
+    pub eps: f32,
+    pub rope_theta: f32,
+}
+
+impl Dims {
+    pub fn new(c: &ModelConfig) -> Self {
+        Self {
+            layers: c.num_layers,
+            hidden: c.hidden_size,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            inter: c.intermediate_size,
+            vocab: c.vocab_size,
+            eps: c.rms_norm_eps,
+            rope_theta: c.rope_theta,
+        }
+    }
+
+    /// Width of a row of queries (or of attention outputs).
+    pub fn q_width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    pub fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// The page table of one attention call, as device views.
+pub(crate) struct TableViews<'a> {
+    pub indptr: CudaView<'a, i32>,
+    pub page_ids: CudaView<'a, i32>,
+    pub page_lens: CudaView<'a, i32>,
+}
+
+impl<'a> TableViews<'a> {
+    fn page_table(&self) -> PageTable<'a> {
+        PageTable {
+            indptr: self.indptr.slice(..),
+            page_ids: self.page_ids.slice(..),
+            page_lens: self.page_lens.slice(..),
+        }
+    }
+
+    fn num_seqs(&self) -> usize {
+        self.indptr.len().saturating_sub(1)
+    }
+}
+
+/// One-token sequences, rows `0..num_seqs`, through the decode kernel.
+pub(crate) struct DecodePart<'a> {
+    pub table: TableViews<'a>,
+    pub splits: usize,
+}
+
+/// Query rows against paged KV through the prefill kernel.
+pub(crate) struct PrefillPart<'a> {
+    pub table: TableViews<'a>,
+    pub q_indptr: CudaView<'a, i32>,
+    pub max_q: usize,
+}
+
+/// Cascade groups attended in one call: gathered `rows`, attended unmasked to each group's
+/// shared segment, merged back.
+pub(crate) struct LevelPart<'a> {
+    pub rows: CudaView<'a, u32>,
+    pub groups: PrefillPart<'a>,
+}
+
+/// What one step reads, all in the staging buffer (see `staging`).
+pub(crate) struct StepInputs<'a> {
+    pub ids: CudaView<'a, u32>,
+    pub positions: CudaView<'a, i32>,
+    pub slots: CudaView<'a, i32>,
+    pub sample_rows: CudaView<'a, u32>,
+    pub decode: Option<DecodePart<'a>>,
+    /// The rows after the decode ones.
+    pub prefill: Option<PrefillPart<'a>>,
+    pub levels: Vec<LevelPart<'a>>,
+}
+
+/// Device buffers that every step reuses, sized once for the largest step.
+pub(crate) struct Activations {
+    /// The residual stream `[tokens, hidden]`.
+    resid: CudaSlice<bf16>,
+    /// A sub-layer's input (normalised) or output `[tokens, hidden]`.
+    hidden: CudaSlice<bf16>,
+    /// The fused q|k|v, later gate|up, projection output.
+    wide: CudaSlice<bf16>,
+    q: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    /// silu(gate) * up `[tokens, intermediate]`.
+    act: CudaSlice<bf16>,
+    /// Log-sum-exp of each (token, head) of `attn`, kept when a cascade merges into it.
+    lse: CudaSlice<f32>,
+    part_q: CudaSlice<bf16>,
+    part_o: CudaSlice<bf16>,
+    part_lse: CudaSlice<f32>,
+    decode_ws: DecodeWorkspace,
+    /// The lm_head's input rows `[seqs, hidden]` and output `[seqs, vocab]`.
+    last: CudaSlice<bf16>,
+    pub logits: CudaSlice<f32>,
+    pub sampled: CudaSlice<u32>,
+    bytes: usize,
+}
+
+impl Activations {
+    /// Buffers for steps of up to `tokens` rows and `seqs` sequences; the decode workspace
+    /// holds `split_rows` (query head, split) partial results.
+    pub fn new(gpu: &Gpu, m: &Dims, tokens: usize, seqs: usize, split_rows: usize) -> Result<Self> {
+        let mut bytes = 0;
+        let mut bf = |n: usize| {
+            bytes += 2 * n;
+            gpu.zeros::<bf16>(n)
+        };
+        let (qw, hq) = (m.q_width(), m.heads);
+        let resid = bf(tokens * m.hidden)?;
+        let hidden = bf(tokens * m.hidden)?;
+        let wide = bf(tokens * m.qkv_width().max(2 * m.inter))?;
+        let q = bf(tokens * qw)?;
+        let attn = bf(tokens * qw)?;
+        let act = bf(tokens * m.inter)?;
+        let part_q = bf(tokens * qw)?;
+        let part_o = bf(tokens * qw)?;
+        let last = bf(seqs * m.hidden)?;
+        bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs) + 4 * split_rows * (m.head_dim + 1);
+        Ok(Self {
+            resid,
+            hidden,
+            wide,
+            q,
+            attn,
+            act,
+            lse: gpu.zeros(tokens * hq)?,
+            part_q,
+            part_o,
+            part_lse: gpu.zeros(tokens * hq)?,
+            decode_ws: DecodeWorkspace::new(gpu, split_rows, 1, m.head_dim)?,
+            last,
+            logits: gpu.zeros(seqs * m.vocab)?,
+            sampled: gpu.zeros(seqs)?,
+            bytes,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// One K and one V buffer for every layer, each `[layers][pages][kv_heads][page_size][head_dim]`.
+pub(crate) struct KvCache {
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    pub shape: CacheShape,
+}
+
+impl KvCache {
+    pub fn new(gpu: &Gpu, layers: usize, shape: CacheShape) -> Result<Self> {
+        Ok(Self {
+            k: gpu.zeros(layers * shape.elements())?,
+            v: gpu.zeros(layers * shape.elements())?,
+            shape,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        2 * 2 * self.k.len()
+    }
+
+    fn layer(&self, l: usize) -> (CudaView<'_, bf16>, CudaView<'_, bf16>) {
+        let n = self.shape.elements();
+        (
+            self.k.slice(l * n..(l + 1) * n),
+            self.v.slice(l * n..(l + 1) * n),
+        )
+    }
+
+    fn layer_mut(&mut self, l: usize) -> (CudaViewMut<'_, bf16>, CudaViewMut<'_, bf16>) {
+        let n = self.shape.elements();
+        (
+            self.k.slice_mut(l * n..(l + 1) * n),
+            self.v.slice_mut(l * n..(l + 1) * n),
+        )
+    }
+}
+
+/// Queues a whole step; the logits of `inputs.sample_rows` land in `a.logits`.
+pub(crate) fn run(
+    gpu: &Gpu,
+    m: &Dims,
+    w: &DeviceWeights,
+    a: &mut Activations,
+    kv: &mut KvCache,
+    s: &StepInputs<'_>,
+) -> Result<()> {
+    let t = s.ids.len();
+    gather::embedding(gpu, &s.ids, &w.embed, m.vocab, &mut a.resid, m.hidden)?;
+    for (l, layer) in w.layers.iter().enumerate() {
+        decoder_layer(gpu, m, l, layer, a, kv, s)?;
+    }
+    norm::add_rms_norm(
+        gpu,
+        &mut a.hidden,
+        &mut a.resid,
+        &w.final_norm,
+        t,
+        m.hidden,
+        m.eps,
+    )?;
+    let rows = s.sample_rows.len();
+    gather::gather_rows(gpu, &a.hidden, t, &s.sample_rows, &mut a.last, m.hidden)?;
+    linear::linear(
+        gpu,
+        &a.last,
+        w.output(),
+        &mut a.logits,
+        rows,
+        m.vocab,
+        m.hidden,
+    )
+}
+
+/// One decoder layer over all rows: `a.hidden` holds the previous layer's MLP output (or, for
+/// layer 0, nothing: the embedding is in `a.resid`) and ends holding this layer's.
+fn decoder_layer(
+    gpu: &Gpu,
+    m: &Dims,
+    l: usize,
+    w: &LayerWeights,
+    a: &mut Activations,
+    kv: &mut KvCache,
+    s: &StepInputs<'_>,
+) -> Result<()> {
+    let (t, h) = (s.ids.len(), m.hidden);
+    // BEGIN SOLUTION
+    if l == 0 {
+        norm::rms_norm(gpu, &a.resid, &w.input_norm, &mut a.hidden, t, h, m.eps)?;
+    } else {
+        norm::add_rms_norm(gpu, &mut a.hidden, &mut a.resid, &w.input_norm, t, h, m.eps)?;
+    }
+    linear::linear(gpu, &a.hidden, &w.qkv, &mut a.wide, t, m.qkv_width(), h)?;
+    if let Some(bias) = &w.qkv_bias {
+        linear::add_bias(gpu, &mut a.wide, bias, t, m.qkv_width())?;
+    }
+    let rope = RopeStore {
+        positions: s.positions.slice(..),
+        slots: s.slots.slice(..),
+        q_norm: w.q_norm.as_ref().map(CudaSlice::as_view),
+        k_norm: w.k_norm.as_ref().map(CudaSlice::as_view),
+        num_q_heads: m.heads,
+        rope_theta: m.rope_theta,
+        norm_eps: m.eps,
+    };
+    {
+        let shape = kv.shape;
+        let (mut k, mut v) = kv.layer_mut(l);
+        rope::qk_norm_rope_store(gpu, &a.wide, &rope, shape, &mut a.q, &mut k, &mut v)?;
+    }
+    attention(gpu, m, l, a, kv, s)?;
+    linear::linear(gpu, &a.attn, &w.o_proj, &mut a.hidden, t, h, m.q_width())?;
+    norm::add_rms_norm(gpu, &mut a.hidden, &mut a.resid, &w.post_norm, t, h, m.eps)?;
+    linear::linear(gpu, &a.hidden, &w.gate_up, &mut a.wide, t, 2 * m.inter, h)?;
+    activation::silu_mul(gpu, &a.wide, &mut a.act, t, m.inter)?;
+    linear::linear(gpu, &a.act, &w.down, &mut a.hidden, t, h, m.inter)
+    // END SOLUTION
+}
+
+/// Attention of every row (its K/V already stored) into `a.attn`: decode rows through the
+/// decode kernel, prefill rows through the prefill kernel, each over its own segments; then
+/// each cascade level attends its shared segments once for all its queries and is merged in
+/// by log-sum-exp.
+fn attention(
+    gpu: &Gpu,
+    m: &Dims,
+    l: usize,
+    a: &mut Activations,
+    kv: &KvCache,
+    s: &StepInputs<'_>,
+) -> Result<()> {
+    let (t, qw, hq) = (s.ids.len(), m.q_width(), m.heads);
+    let cascade = !s.levels.is_empty();
+    let mut first = 0;
+    if let Some(d) = &s.decode {
+        let n = d.table.num_seqs();
+        let inputs = attention_inputs(m, kv, l, a.q.slice(..n * qw), d.table.page_table());
+        let mut out = a.attn.slice_mut(..n * qw);
+        let mut lse = a.lse.slice_mut(..n * hq);
+        let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
+        let ws = Some(&mut a.decode_ws);
+        decode::decode_attention(gpu, &inputs, d.splits, ws, &mut out, lse)?;
+        first = n;
+    }
+    if let Some(p) = &s.prefill {
+        let inputs = attention_inputs(
+            m,
+            kv,
+            l,
+            a.q.slice(first * qw..t * qw),
+            p.table.page_table(),
+        );
+        let queries = PrefillQueries {
+            indptr: p.q_indptr.slice(..),
+            max_len: p.max_q,
+        };
+        let mut out = a.attn.slice_mut(first * qw..t * qw);
+        let mut lse = a.lse.slice_mut(first * hq..t * hq);
+        let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
+        prefill::prefill_attention(gpu, &inputs, &queries, true, &mut out, lse)?;
+    }
+    for level in &s.levels {
+        let n = level.rows.len();
+        gather::gather_rows(gpu, &a.q, t, &level.rows, &mut a.part_q, qw)?;
+        let g = &level.groups;
+        let inputs = attention_inputs(m, kv, l, a.part_q.slice(..n * qw), g.table.page_table());
+        let queries = PrefillQueries {
+            indptr: g.q_indptr.slice(..),
+            max_len: g.max_q,
+        };
+        let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
+        prefill::prefill_attention(gpu, &inputs, &queries, false, &mut a.part_o, Some(lse))?;
+        let part = PartialState {
+            o: a.part_o.slice(..n * qw),
+            lse: a.part_lse.slice(..n * hq),
+        };
+        let (mut out, mut lse) = (a.attn.slice_mut(..t * qw), a.lse.slice_mut(..t * hq));
+        merge::merge_state_into(gpu, &mut out, &mut lse, &part, &level.rows, hq, m.head_dim)?;
+    }
+    Ok(())
+}
+
+fn attention_inputs<'a>(
+    m: &Dims,
+    kv: &'a KvCache,
+    l: usize,
+    q: CudaView<'a, bf16>,
+    table: PageTable<'a>,
+) -> AttentionInputs<'a> {
+    let (k_cache, v_cache) = kv.layer(l);
+    AttentionInputs {
+        q,
+        k_cache,
+        v_cache,
+        cache: kv.shape,
+        table,
+        num_q_heads: m.heads,
+        sm_scale: 1.0 / (m.head_dim as f32).sqrt(),
+    }
+}

@@ -1,0 +1,380 @@
+//! Getting a step's inputs to the device in one copy.
+//!
+//! Every array of a [`StepPlan`] is written into one host buffer of 32-bit words at
+//! 32-byte-aligned offsets (a [`Layout`]); the used words go to a pinned buffer and from there to
+//! a device buffer of the same layout in one asynchronous copy, and the kernels read views into
+//! it. A layout can reserve room for the page arrays ([`pack`]'s `entry_capacity`): then every
+//! offset depends only on the number of rows, which is what a captured graph needs, at the cost
+//! of a second copy for the page ids that sit after the reserved room.
+
+use kernels::sampling::SampleParams;
+use kernels::{CudaSlice, CudaView, Gpu, PinnedHostSlice};
+
+use super::forward::{DecodePart, LevelPart, PrefillPart, StepInputs, TableViews};
+use super::plan::{Prefill, StepPlan, Table};
+
+/// Words between two used ranges that are still copied rather than starting a second copy.
+const MAX_GAP_WORDS: usize = 1024;
+
+/// `len` words at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Region {
+    offset: usize,
+    len: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TableRegions {
+    indptr: Region,
+    page_ids: Region,
+    page_lens: Region,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PrefillRegions {
+    table: TableRegions,
+    q_indptr: Region,
+    max_q: usize,
+}
+
+/// Where each array of a packed step is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    ids: Region,
+    positions: Region,
+    slots: Region,
+    sample_rows: Region,
+    params: Region,
+    decode: TableRegions,
+    prefill: PrefillRegions,
+    levels: Vec<(Region, PrefillRegions)>,
+    /// Word ranges that hold data, merged where the gap between them is small.
+    copies: Vec<(usize, usize)>,
+    /// Words the layout spans, reserved room included.
+    span: usize,
+}
+
+impl Layout {
+    /// Words up to the end of the last data written.
+    pub fn end(&self) -> usize {
+        self.copies.last().map_or(0, |&(_, end)| end)
+    }
+
+    /// Words the layout spans, reserved room included: a staging buffer this large holds any
+    /// step packed with the same layout.
+    pub fn span(&self) -> usize {
+        self.span
+    }
+
+    /// The offsets of every array, whatever their content: two layouts with the same
+    /// fingerprint can be read through the same captured graph.
+    pub fn fingerprint(&self) -> Vec<usize> {
+        let mut regions = vec![
+            self.ids,
+            self.positions,
+            self.slots,
+            self.sample_rows,
+            self.params,
+            self.decode.indptr,
+        ];
+        regions.extend([self.decode.page_ids, self.decode.page_lens]);
+        regions.iter().map(|r| r.offset).collect()
+    }
+
+    pub fn params_region(&self) -> Region {
+        self.params
+    }
+}
+
+/// Appends arrays to a word buffer.
+struct Packer<'a> {
+    words: &'a mut Vec<u32>,
+    used: Vec<(usize, usize)>,
+}
+
+impl Packer<'_> {
+    /// Writes `values` at the next 8-word boundary, keeping room for `capacity` words if that
+    /// is more.
+    fn push(&mut self, values: impl IntoIterator<Item = u32>, capacity: usize) -> Region {
+        let offset = self.words.len().next_multiple_of(8);
+        self.words.resize(offset, 0);
+        self.words.extend(values);
+        let len = self.words.len() - offset;
+        self.words.resize(offset + len.max(capacity), 0);
+        if len > 0 {
+            self.used.push((offset, offset + len));
+        }
+        Region { offset, len }
+    }
+
+    fn push_i32(&mut self, values: &[i32], capacity: usize) -> Region {
+        self.push(values.iter().map(|&v| v as u32), capacity)
+    }
+
+    fn prefill(&mut self, p: &Prefill) -> PrefillRegions {
+        PrefillRegions {
+            q_indptr: self.push_i32(&p.q_indptr, 0),
+            table: self.table(&p.table, 0),
+            max_q: p.max_q,
+        }
+    }
+
+    fn table(&mut self, t: &Table, entry_capacity: usize) -> TableRegions {
+        TableRegions {
+            indptr: self.push_i32(&t.indptr, 0),
+            page_lens: self.push_i32(&t.page_lens, entry_capacity),
+            page_ids: self.push_i32(&t.page_ids, entry_capacity),
+        }
+    }
+}
+
+/// Packs `plan` into `words` (cleared first). With `entry_capacity`, the decode page arrays
+/// come last with that much room each, so the layout of a padded decode step depends only on
+/// its number of rows.
+pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>) -> Layout {
+    words.clear();
+    let mut p = Packer {
+        words,
+        used: Vec::new(),
+    };
+    let ids = p.push(plan.ids.iter().copied(), 0);
+    let positions = p.push_i32(&plan.positions, 0);
+    let slots = p.push_i32(&plan.slots, 0);
+    let sample_rows = p.push(plan.sample_rows.iter().copied(), 0);
+    let params = p.push(plan.params.iter().flat_map(param_words), 0);
+    let prefill = p.prefill(&plan.prefill);
+    let levels = plan
+        .levels
+        .iter()
+        .map(|level| {
+            (
+                p.push(level.rows.iter().copied(), 0),
+                p.prefill(&level.groups),
+            )
+        })
+        .collect();
+    let decode = p.table(&plan.decode, entry_capacity);
+    let used = p.used;
+    let mut copies: Vec<(usize, usize)> = Vec::new();
+    for (start, end) in used {
+        match copies.last_mut() {
+            Some(last) if start - last.1 <= MAX_GAP_WORDS => last.1 = end,
+            _ => copies.push((start, end)),
+        }
+    }
+    Layout {
+        ids,
+        positions,
+        slots,
+        sample_rows,
+        params,
+        decode,
+        prefill,
+        levels,
+        copies,
+        span: words.len(),
+    }
+}
+
+/// The 8 words of one [`SampleParams`], as the sampling kernel reads them.
+fn param_words(p: &SampleParams) -> [u32; 8] {
+    const _: () = assert!(std::mem::size_of::<SampleParams>() == 32);
+    // Safety: SampleParams is `repr(C)`, 32 bytes of plain numbers with no implicit padding
+    // (its padding word is a field), 8-byte aligned, so it reads as 8 initialised words.
+    unsafe { std::mem::transmute_copy(p) }
+}
+
+/// A pinned host buffer and a device buffer of the same size, holding packed steps.
+pub(crate) struct Staging {
+    words: Vec<u32>,
+    host: PinnedHostSlice<u32>,
+    device: CudaSlice<u32>,
+}
+
+impl Staging {
+    pub fn new(gpu: &Gpu, capacity: usize) -> kernels::Result<Self> {
+        Ok(Self {
+            words: Vec::with_capacity(capacity),
+            host: gpu.pinned(capacity)?,
+            device: gpu.zeros(capacity.max(1))?,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.device.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.capacity() * 4
+    }
+
+    /// Packs `plan` into the host words (see [`pack`]).
+    pub fn pack(&mut self, plan: &StepPlan, entry_capacity: usize) -> Layout {
+        pack(plan, entry_capacity, &mut self.words)
+    }
+
+    /// Queues the copy of the packed words to the device, growing both buffers first if they
+    /// are too small (which moves them: only for steps that are not replayed from a graph).
+    /// The host buffer may be rewritten once the step's results have been read back.
+    pub fn upload(&mut self, gpu: &Gpu, layout: &Layout) -> kernels::Result<()> {
+        if layout.end() > self.capacity() {
+            let capacity = layout.end().next_power_of_two();
+            self.host = gpu.pinned(capacity)?;
+            self.device = gpu.zeros(capacity)?;
+        }
+        let host = self
+            .host
+            .as_mut_slice()
+            .map_err(|e| kernels::Error::Driver {
+                context: "writing pinned memory".into(),
+                source: e,
+            })?;
+        for &(start, end) in &layout.copies {
+            host[start..end].copy_from_slice(&self.words[start..end]);
+            gpu.copy_to_device(&host[start..end], &mut self.device.slice_mut(start..end))?;
+        }
+        Ok(())
+    }
+
+    /// The kernels' views of a step packed with `layout`; `splits` is the decode kernel's KV
+    /// split count.
+    pub fn inputs(&self, layout: &Layout, splits: usize) -> StepInputs<'_> {
+        let table = |t: &TableRegions| TableViews {
+            indptr: self.i32s(t.indptr),
+            page_ids: self.i32s(t.page_ids),
+            page_lens: self.i32s(t.page_lens),
+        };
+        let prefill = |p: &PrefillRegions| PrefillPart {
+            table: table(&p.table),
+            q_indptr: self.i32s(p.q_indptr),
+            max_q: p.max_q,
+        };
+        let num_decode = layout.decode.indptr.len - 1;
+        let num_prefill = layout.prefill.q_indptr.len - 1;
+        StepInputs {
+            ids: self.words(layout.ids),
+            positions: self.i32s(layout.positions),
+            slots: self.i32s(layout.slots),
+            sample_rows: self.words(layout.sample_rows),
+            decode: (num_decode > 0).then(|| DecodePart {
+                table: table(&layout.decode),
+                splits,
+            }),
+            prefill: (num_prefill > 0).then(|| prefill(&layout.prefill)),
+            levels: layout
+                .levels
+                .iter()
+                .map(|(rows, groups)| LevelPart {
+                    rows: self.words(*rows),
+                    groups: prefill(groups),
+                })
+                .collect(),
+        }
+    }
+
+    /// The sampling parameters of a step packed with `layout`.
+    pub fn params(&self, region: Region) -> CudaView<'_, SampleParams> {
+        // Safety: the region holds SampleParams written word by word by `param_words`.
+        unsafe { self.words(region).transmute::<SampleParams>(region.len / 8) }
+            .expect("8 words per SampleParams")
+    }
+
+    fn words(&self, r: Region) -> CudaView<'_, u32> {
+        self.device.slice(r.offset..r.offset + r.len)
+    }
+
+    fn i32s(&self, r: Region) -> CudaView<'_, i32> {
+        // Safety: i32 and u32 have the same size and every bit pattern is valid for both.
+        unsafe { self.words(r).transmute::<i32>(r.len) }.expect("same size")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use phase1::BlockTable;
+    use phase2::{ForwardBatch, ForwardSeq, SampleSpec};
+
+    use super::super::plan::{CascadeSplit, Limits};
+    use super::*;
+
+    fn decode_plan(lens: &[usize]) -> StepPlan {
+        let seqs = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| ForwardSeq {
+                seq_id: i as u64,
+                tokens: vec![7],
+                start_pos: n - 1,
+                kv: vec![BlockTable::from_pages(
+                    (0..n.div_ceil(16) as u32)
+                        .map(|p| p + 10 * i as u32)
+                        .collect(),
+                    n,
+                )],
+                sample: Some(SampleSpec::greedy()),
+            })
+            .collect();
+        let limits = Limits {
+            page_size: 16,
+            num_pages: 100,
+            vocab_size: 10,
+            max_position: 1000,
+            max_tokens: 64,
+            max_seqs: 16,
+            split: CascadeSplit {
+                num_sms: 132,
+                q_per_kv: 2,
+                kv_heads: 8,
+                min_tokens: 1024,
+            },
+        };
+        StepPlan::new(
+            &ForwardBatch {
+                seqs,
+                shared: vec![],
+            },
+            &limits,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn arrays_are_aligned_and_copied_once_when_compact() {
+        let mut words = Vec::new();
+        let layout = pack(&decode_plan(&[5, 40, 17]), 0, &mut words);
+        assert_eq!(layout.copies.len(), 1);
+        assert_eq!(layout.end(), words.len());
+        for offset in layout.fingerprint() {
+            assert_eq!(offset % 8, 0);
+        }
+        assert_eq!(&words[layout.ids.offset..][..3], &[7, 7, 7]);
+        let lens = layout.decode.page_lens;
+        assert_eq!(&words[lens.offset..][..lens.len], &[5, 16, 16, 8, 16, 1]);
+        let p = layout.params;
+        assert_eq!(p.len, 24);
+        // Greedy: temperature 0.0, top_k -1, top_p 1.0.
+        assert_eq!(&words[p.offset..][..3], &[0, u32::MAX, 1.0f32.to_bits()]);
+    }
+
+    #[test]
+    fn padded_decode_layouts_depend_only_on_the_bucket() {
+        let mut words = Vec::new();
+        let mut a = decode_plan(&[5, 40, 17]);
+        let mut b = decode_plan(&[300]);
+        a.pad_decode(4);
+        b.pad_decode(4);
+        let (la, lb) = (pack(&a, 2000, &mut words), pack(&b, 2000, &mut words));
+        assert_eq!(la.fingerprint(), lb.fingerprint());
+        assert_eq!(la.span(), lb.span());
+        assert!(la.end() < la.span(), "room reserved past the data");
+        // The page ids sit after the reserved room: a second copy.
+        assert_eq!(lb.copies.len(), 2);
+        let c = decode_plan(&[5]);
+        let lc = pack(&c, 2000, &mut words);
+        assert_ne!(
+            la.fingerprint(),
+            lc.fingerprint(),
+            "unpadded: other offsets"
+        );
+    }
+}
