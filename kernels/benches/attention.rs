@@ -39,19 +39,27 @@ struct Setup {
 
 /// `seqs` sequences of `len` tokens each on pages of `page_size`, with `q_rows` query rows.
 fn setup(gpu: &Gpu, seqs: usize, len: usize, page_size: usize, q_rows: usize) -> Setup {
-    let pages_per_seq = len.div_ceil(page_size);
+    setup_lens(gpu, &vec![len; seqs], page_size, q_rows)
+}
+
+/// One sequence per entry of `lens`, on consecutive pages of `page_size`.
+fn setup_lens(gpu: &Gpu, lens: &[usize], page_size: usize, q_rows: usize) -> Setup {
+    let num_pages = lens.iter().map(|l| l.div_ceil(page_size)).sum();
     let shape = CacheShape {
-        num_pages: seqs * pages_per_seq,
+        num_pages,
         num_kv_heads: HKV,
         page_size,
         head_dim: D,
     };
     let mut table = HostPageTable::new();
-    for s in 0..seqs {
-        table.push_seq((0..pages_per_seq).map(|p| {
+    let mut first = 0;
+    for &len in lens {
+        let pages = len.div_ceil(page_size);
+        table.push_seq((0..pages).map(|p| {
             let n = page_size.min(len - p * page_size);
-            ((s * pages_per_seq + p) as u32, n)
+            ((first + p) as u32, n)
         }));
+        first += pages;
     }
     Setup {
         k: gpu.upload(&fill(shape.elements(), 1)).unwrap(),
@@ -135,6 +143,31 @@ fn main() {
         let secs = time(&gpu, &mut run);
         summary.push(format!(
             "{name:<40} {:>9.1} us {:>8.0} GB/s",
+            secs * 1e6,
+            bytes as f64 / secs / 1e9
+        ));
+    }
+
+    // Decode over a serving batch: 128 sequences of 100..=2047 tokens (a continuous batch in
+    // the middle of nano-vllm's workload), pages of 256. One block per (sequence, KV head)
+    // leaves the longest sequences running alone at the end; more splits even the work out.
+    let lens: Vec<usize> = (0..128u64)
+        .map(|i| 100 + (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize % 1948)
+        .collect();
+    let batch = lens.len();
+    let s = setup_lens(&gpu, &lens, 256, batch);
+    let bytes = (2 * lens.iter().sum::<usize>() * HKV * D * 2) as u64;
+    let chosen = num_splits(&gpu, batch, HQ, HKV, *lens.iter().max().unwrap());
+    let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, 8, D).unwrap();
+    let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
+    for splits in [1, 2, 4, 8] {
+        let mut run =
+            || decode_attention(&gpu, &s.inputs(), splits, Some(&mut ws), &mut out, None).unwrap();
+        let secs = time(&gpu, &mut run);
+        let mark = if splits == chosen { " (chosen)" } else { "" };
+        summary.push(format!(
+            "{:<40} {:>9.1} us {:>8.0} GB/s{mark}",
+            format!("decode b{batch} ctx100-2047 page256 splits{splits}"),
             secs * 1e6,
             bytes as f64 / secs / 1e9
         ));

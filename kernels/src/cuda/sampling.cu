@@ -61,6 +61,51 @@ __device__ __forceinline__ float key_value(u32 k) {
 __device__ __forceinline__ float load_logit(const float* row, int i) { return row[i]; }
 __device__ __forceinline__ float load_logit(const bf16* row, int i) { return __bfloat162float(row[i]); }
 
+// Passes the logits of the 16-byte chunk c, which starts at index i, to f(index, value).
+template <typename F>
+__device__ __forceinline__ void visit_chunk(const float*, const uint4 c, int i, F& f) {
+    f(i, __uint_as_float(c.x));
+    f(i + 1, __uint_as_float(c.y));
+    f(i + 2, __uint_as_float(c.z));
+    f(i + 3, __uint_as_float(c.w));
+}
+
+template <typename F>
+__device__ __forceinline__ void visit_chunk(const bf16*, const uint4 c, int i, F& f) {
+    const u32 w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        f(i + 2 * j, __uint_as_float(w[j] << 16));
+        f(i + 2 * j + 1, __uint_as_float(w[j] & 0xffff0000u));
+    }
+}
+
+// Calls f(index, logit) for the logits in [begin, end) that `worker` of `workers` owns when they
+// walk the range in 16-byte chunks, four chunks in flight per worker: a pass over a row of
+// 150k logits is bound by how many loads are in flight, not by arithmetic. One logit at a time
+// where the range is not 16-byte aligned. Each worker sees its indices in increasing order.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, int worker,
+                                               int workers, F f) {
+    constexpr int V = 16 / sizeof(T);
+    int tail = begin;
+    if ((reinterpret_cast<size_t>(row + begin) & 15) == 0) {
+        const uint4* chunks = reinterpret_cast<const uint4*>(row + begin);
+        const int n = (end - begin) / V;
+        int c = worker;
+        for (; c + 3 * workers < n; c += 4 * workers) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = chunks[c + u * workers];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) visit_chunk(row, v[u], begin + (c + u * workers) * V, f);
+        }
+        for (; c < n; c += workers) visit_chunk(row, chunks[c], begin + c * V, f);
+        tail = begin + n * V;
+    }
+    for (int i = tail + worker; i < end; i += workers) f(i, load_logit(row, i));
+}
+
 // Precise expf and a true division, as on the CPU.
 __device__ __forceinline__ u64 fixed_weight(float x, float max, float temperature) {
     return (u64)(expf((x - max) / temperature) * FIXED_ONE);
@@ -221,7 +266,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
 
     // Maximum (NaN ignored, as f32::max does).
     float mx = neg_inf();
-    for (int i = tid; i < vocab; i += SAMPLE_THREADS) mx = fmaxf(mx, load_logit(row, i));
+    for_each_logit(row, 0, vocab, tid, SAMPLE_THREADS, [&](int, float x) { mx = fmaxf(mx, x); });
     mx = warp_max(mx);
     if (lane == 0) s.fval[warp] = mx;
     __syncthreads();
@@ -271,10 +316,9 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     const int per_warp = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
     const int begin = min(vocab, warp * per_warp), end = min(vocab, begin + per_warp);
     u64 local = 0;
-    for (int i = begin + lane; i < end; i += 32) {
-        const float x = load_logit(row, i);
+    for_each_logit(row, begin, end, lane, 32, [&](int, float x) {
         if (x >= threshold) local += fixed_weight(x, mx, temp);
-    }
+    });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(FULL_MASK, local, o);
     __syncthreads();  // s.scan may still be read by the last block_sum_u64
