@@ -158,9 +158,15 @@ fn main() {
     let s = setup_lens(&gpu, &lens, 256, batch);
     let bytes = (2 * lens.iter().sum::<usize>() * HKV * D * 2) as u64;
     let chosen = num_splits(&gpu, batch, HQ, HKV, *lens.iter().max().unwrap());
-    let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, 8, D).unwrap();
     let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
-    for splits in [1, 2, 4, 8] {
+    let mut counts = vec![1, 2, 4, 8];
+    if !counts.contains(&chosen) {
+        counts.push(chosen);
+        counts.sort();
+    }
+    let max_splits = *counts.last().expect("not empty");
+    let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, max_splits, D).unwrap();
+    for splits in counts {
         let mut run =
             || decode_attention(&gpu, &s.inputs(), splits, Some(&mut ws), &mut out, None).unwrap();
         let secs = time(&gpu, &mut run);

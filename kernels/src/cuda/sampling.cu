@@ -311,9 +311,10 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         threshold = key_value(key);
     }
 
-    // The draw. Each warp owns a contiguous range of the vocabulary and reads it 32 logits at
-    // a time; warp totals in warp order are then prefix sums in vocabulary order.
-    const int per_warp = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
+    // The draw. Each warp owns a contiguous range of the vocabulary (a multiple of 256 logits,
+    // so that every lane's 32nd of it below starts on a 16-byte boundary); warp totals in warp
+    // order are then prefix sums in vocabulary order.
+    const int per_warp = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 255) / 256 * 256;
     const int begin = min(vocab, warp * per_warp), end = min(vocab, begin + per_warp);
     u64 local = 0;
     for_each_logit(row, begin, end, lane, 32, [&](int, float x) {
@@ -335,29 +336,32 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     const u64 target = (hi << 40) | (lo >> 24);
     // Exactly one warp's range holds the first candidate whose running weight exceeds target.
     if (local == 0 || target < before || target >= before + local) return;
-    u64 run = before;
-    for (int base = begin; base < end; base += 32) {
-        const int i = base + lane;
-        u64 w = 0;
-        if (i < end) {
-            const float x = load_logit(row, i);
-            if (x >= threshold) w = fixed_weight(x, mx, temp);
-        }
-        u64 incl = w;  // inclusive prefix over the 32 lanes
+    // That warp finds it in two steps rather than one long serial scan: each lane sums its own
+    // contiguous 32nd of the range, a scan over the lanes picks the one lane whose part holds
+    // target, and that lane walks its part in order.
+    const int part = per_warp / 32;
+    const int lb = min(end, begin + lane * part), le = min(end, lb + part);
+    u64 mine = 0;
+    for_each_logit(row, lb, le, 0, 1, [&](int, float x) {
+        if (x >= threshold) mine += fixed_weight(x, mx, temp);
+    });
+    u64 incl = mine;
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-            if (lane >= o) incl += t;
-        }
-        const u64 step_total = __shfl_sync(FULL_MASK, incl, 31);
-        if (target < run + step_total) {
-            // Running weight only grows at candidates, so the first lane past target is one.
-            const u32 past = __ballot_sync(FULL_MASK, run + incl > target);
-            if (lane == 0) out[blockIdx.x] = (u32)(base + __ffs(past) - 1);
-            return;
-        }
-        run += step_total;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += t;
     }
+    u64 run = before + incl - mine;
+    if (target < run || target >= run + mine) return;
+    // Running weight only grows at candidates, so the first index past target is one.
+    int chosen = -1;
+    for_each_logit(row, lb, le, 0, 1, [&](int i, float x) {
+        if (chosen < 0 && x >= threshold) {
+            run += fixed_weight(x, mx, temp);
+            if (run > target) chosen = i;
+        }
+    });
+    out[blockIdx.x] = (u32)chosen;
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
