@@ -35,6 +35,9 @@ impl DecodeWorkspace {
     }
 }
 
+/// The most KV splits a decode call takes: the merge gives each split a lane of a warp.
+pub const MAX_SPLITS: usize = 32;
+
 /// How many ways to split each sequence's KV so that the GPU has enough blocks to stay busy:
 /// about 32 blocks per multiprocessor, each split at least 256 tokens long, at most 32.
 ///
@@ -53,7 +56,7 @@ pub fn num_splits(
     let group = (num_q_heads / num_kv_heads.max(1)).max(1);
     let blocks = (num_seqs * num_q_heads / heads_per_block(group)).max(1);
     let wanted = (32 * gpu.num_sms()).div_ceil(blocks);
-    wanted.min(max_kv_len / 256).clamp(1, 32)
+    wanted.min(max_kv_len / 256).clamp(1, MAX_SPLITS)
 }
 
 /// The q heads one block serves: the largest of 8, 4, 2, 1 that divides the group.
@@ -83,8 +86,11 @@ pub fn decode_attention(
     let rows = num_seqs * hq;
     check::at_least(K, "q", inputs.q.len(), rows * d)?;
     check::at_least(K, "output", out.len(), rows * d)?;
-    if splits == 0 || splits > 65535 {
-        return Err(check::invalid(K, format!("{splits} splits")));
+    if splits == 0 || splits > MAX_SPLITS {
+        return Err(check::invalid(
+            K,
+            format!("{splits} splits (1 to {MAX_SPLITS})"),
+        ));
     }
     let lse_ptr = match lse {
         Some(l) => {

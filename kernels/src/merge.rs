@@ -135,6 +135,7 @@ pub(crate) fn merge_splits(
 ) -> Result<()> {
     const K: &str = "merge_splits";
     let f = gpu.function(Source::Merge, "merge_splits")?;
+    let rows_arg = check::int(K, "rows", rows)?;
     let (d_arg, s_arg) = (head_dim as i32, check::int(K, "splits", splits)?);
     let mut launch = gpu.stream().launch_builder(&f);
     launch
@@ -142,8 +143,10 @@ pub(crate) fn merge_splits(
         .arg(&pl)
         .arg(&out_ptr)
         .arg(&lse_ptr)
+        .arg(&rows_arg)
         .arg(&d_arg)
         .arg(&s_arg);
-    unsafe { launch.launch(grid((rows as u32, 1, 1), head_dim as u32)) }.during(K)?;
+    // Four rows (warps) a block.
+    unsafe { launch.launch(grid((rows.div_ceil(4) as u32, 1, 1), 128)) }.during(K)?;
     Ok(())
 }
