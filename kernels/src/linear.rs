@@ -9,29 +9,45 @@
 //! time turns three GEMMs into one larger, more efficient one.
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::cublaslt::sys as lt_sys;
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
+use crate::gemm_tuning::{self, GemmShape};
 use crate::source::Source;
 
 /// Output element types of [`linear`].
-pub trait GemmOutput: DeviceRepr {
+pub trait GemmOutput: DeviceRepr + Default + Copy {
     const TYPE: blas_sys::cudaDataType;
+    const LT_TYPE: lt_sys::cudaDataType;
+    const F32: bool;
+    fn to_f32(self) -> f32;
 }
 
 impl GemmOutput for bf16 {
     const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_16BF;
+    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_16BF;
+    const F32: bool = false;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
 }
 
 impl GemmOutput for f32 {
     const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
+    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_32F;
+    const F32: bool = true;
+    fn to_f32(self) -> f32 {
+        self
+    }
 }
 
 /// `y: [tokens, out_features] = x: bf16[tokens, in_features] · w^T`, `w: bf16[out_features,
-/// in_features]`.
+/// in_features]`. A shape tuned by [`crate::gemm_tuning::tune_linear`] runs with the cuBLASLt
+/// algorithm chosen for it, any other with cuBLAS's default.
 pub fn linear<T: GemmOutput>(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,
@@ -45,15 +61,35 @@ pub fn linear<T: GemmOutput>(
     check::at_least(K, "x", x.len(), tokens * in_features)?;
     check::at_least(K, "weight", w.len(), out_features * in_features)?;
     check::at_least(K, "y", y.len(), tokens * out_features)?;
-    let (m, n, k) = (
-        check::int(K, "out_features", out_features)?,
-        check::int(K, "tokens", tokens)?,
-        check::int(K, "in_features", in_features)?,
-    );
     if tokens == 0 || out_features == 0 {
         return Ok(());
     }
-    let (px, pw, py) = (gpu.ptr(x), gpu.ptr(w), gpu.ptr_mut(y));
+    let shape = GemmShape {
+        tokens,
+        out_features,
+        in_features,
+        f32_out: T::F32,
+    };
+    let ptrs = (gpu.ptr(w), gpu.ptr(x), gpu.ptr_mut(y));
+    match gpu.gemm_tuning().chosen(&shape) {
+        Some(algo) => gemm_tuning::run::<T>(gpu, &shape, &algo, ptrs),
+        None => default_gemm::<T>(gpu, ptrs, &shape),
+    }
+}
+
+/// The product through cuBLAS's default algorithm; `(w, x, y)` are device addresses of
+/// buffers the caller checked against `shape`.
+pub(crate) fn default_gemm<T: GemmOutput>(
+    gpu: &Gpu,
+    (pw, px, py): (u64, u64, u64),
+    shape: &GemmShape,
+) -> Result<()> {
+    const K: &str = "linear";
+    let (m, n, k) = (
+        check::int(K, "out_features", shape.out_features)?,
+        check::int(K, "tokens", shape.tokens)?,
+        check::int(K, "in_features", shape.in_features)?,
+    );
     let (alpha, beta) = (1.0f32, 0.0f32);
     unsafe {
         blas::gemm_ex(

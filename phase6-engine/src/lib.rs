@@ -26,7 +26,7 @@ pub use chunks::{
 };
 pub use config::{Config, Device};
 #[cfg(feature = "cuda")]
-pub use cuda_runner::{CudaOptions, CudaRunner, MemoryReport};
+pub use cuda_runner::{CudaOptions, CudaRunner, MemoryReport, TunedStep};
 pub use error::Error;
 pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};

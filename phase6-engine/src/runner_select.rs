@@ -94,6 +94,7 @@ fn gpu_runner(
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_num_seqs: config.max_num_seqs,
         enforce_eager: config.enforce_eager,
+        tune_gemms: config.tune_gemms,
         ..crate::CudaOptions::default()
     };
     let runner = crate::CudaRunner::new(&model_config, weights, options)?;

@@ -7,6 +7,7 @@
 //! sampling sequence goes through the lm_head.
 
 use kernels::decode::{self, DecodeWorkspace};
+use kernels::gemm_tuning::{Tuned, tune_linear};
 use kernels::merge::{self, PartialState};
 use kernels::paged::{AttentionInputs, CacheShape, PageTable};
 use kernels::prefill::{self, PrefillQueries};
@@ -296,6 +297,61 @@ fn decoder_layer(
     activation::silu_mul(gpu, &a.wide, &mut a.act, t, m.inter)?;
     linear::linear(gpu, &a.act, &w.down, &mut a.hidden, t, h, m.inter)
     // END SOLUTION
+}
+
+/// Chooses the cuBLASLt algorithm of each product of a decode step of `rows` sequences by
+/// timing (see `kernels::gemm_tuning`), over the model's own weights. The activation buffers
+/// are scratch here: they get a fixed pattern as input and are overwritten.
+pub(crate) fn tune_decode_gemms(
+    gpu: &Gpu,
+    m: &Dims,
+    w: &DeviceWeights,
+    a: &mut Activations,
+    rows: usize,
+) -> Result<Vec<Tuned>> {
+    let widest = m.hidden.max(m.q_width()).max(m.inter);
+    let pattern: Vec<bf16> = (0..rows * widest)
+        .map(|i| bf16::from_f32((i * 7919 % 251) as f32 / 251.0 - 0.5))
+        .collect();
+    gpu.copy_to_device(&pattern[..rows * m.hidden], &mut a.hidden)?;
+    gpu.copy_to_device(&pattern[..rows * m.q_width()], &mut a.attn)?;
+    gpu.copy_to_device(&pattern[..rows * m.inter], &mut a.act)?;
+    gpu.copy_to_device(&pattern[..rows * m.hidden], &mut a.last)?;
+    let of = |pick: fn(&LayerWeights) -> &CudaSlice<bf16>| -> Vec<&CudaSlice<bf16>> {
+        w.layers.iter().map(pick).collect()
+    };
+    let (h, t) = (m.hidden, rows);
+    Ok(vec![
+        tune_linear(
+            gpu,
+            &of(|l| &l.qkv),
+            &a.hidden,
+            &mut a.wide,
+            t,
+            m.qkv_width(),
+            h,
+        )?,
+        tune_linear(
+            gpu,
+            &of(|l| &l.gate_up),
+            &a.hidden,
+            &mut a.wide,
+            t,
+            2 * m.inter,
+            h,
+        )?,
+        tune_linear(
+            gpu,
+            &of(|l| &l.o_proj),
+            &a.attn,
+            &mut a.hidden,
+            t,
+            h,
+            m.q_width(),
+        )?,
+        tune_linear(gpu, &of(|l| &l.down), &a.act, &mut a.hidden, t, h, m.inter)?,
+        tune_linear(gpu, &[w.output()], &a.last, &mut a.logits, t, m.vocab, h)?,
+    ])
 }
 
 /// Attention of every row (its K/V already stored) into `a.attn`: decode rows through the

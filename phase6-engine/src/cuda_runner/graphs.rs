@@ -11,6 +11,7 @@
 //! `entries_per_seq` page entries (a step that needs more runs eagerly).
 
 use kernels::decode;
+use kernels::gemm_tuning::Tuned;
 use kernels::graph::{self, Graph};
 use kernels::sampling::SampleParams;
 use kernels::{CudaView, Gpu, Result};
@@ -40,6 +41,37 @@ pub(crate) struct DecodeGraphs {
     staging: Staging,
     buckets: Vec<Bucket>,
     entries_per_seq: usize,
+    tuning: Vec<TunedStep>,
+}
+
+/// The device time of one decode step's GEMMs (every layer's four and the lm_head), with
+/// cuBLAS's default algorithms and with the tuned ones, for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TunedStep {
+    pub seqs: usize,
+    pub default_us: f64,
+    pub tuned_us: f64,
+    /// Products of the step's five shapes that run through cuBLASLt.
+    pub shapes_through_lt: usize,
+}
+
+impl TunedStep {
+    /// Sums `tuned` (the four per-layer shapes, then the lm_head) over `layers` layers.
+    fn new(seqs: usize, layers: usize, tuned: &[Tuned]) -> Self {
+        let per_step = |t: &Tuned, us: f64| {
+            if t.shape.f32_out {
+                us
+            } else {
+                us * layers as f64
+            }
+        };
+        Self {
+            seqs,
+            default_us: tuned.iter().map(|t| per_step(t, t.default_us)).sum(),
+            tuned_us: tuned.iter().map(|t| per_step(t, t.best_us)).sum(),
+            shapes_through_lt: tuned.iter().filter(|t| t.through_lt).count(),
+        }
+    }
 }
 
 /// Bucket sizes up to `max`: 1, 2, 4, 8, every multiple of 16 below `max`, and `max`.
@@ -55,13 +87,16 @@ pub(crate) fn bucket_sizes(max: usize) -> Vec<usize> {
 
 impl DecodeGraphs {
     /// Captures one graph per bucket up to `limits.max_seqs` sequences. `max_kv_len` is the
-    /// longest sequence the cache can hold, which sizes the decode kernel's splits.
+    /// longest sequence the cache can hold, which sizes the decode kernel's splits. With
+    /// `tune_gemms`, each bucket's products get their cuBLASLt algorithm chosen by timing
+    /// before its capture.
     pub fn capture(
         gpu: &Gpu,
         model: Model<'_>,
         limits: &Limits,
         entries_per_seq: usize,
         max_kv_len: usize,
+        tune_gemms: bool,
     ) -> Result<Self> {
         let Model {
             dims,
@@ -82,7 +117,12 @@ impl DecodeGraphs {
         let mut staging = Staging::new(gpu, span)?;
 
         let mut buckets = Vec::with_capacity(sizes.len());
+        let mut tuning = Vec::new();
         for size in sizes {
+            if tune_gemms {
+                let tuned = forward::tune_decode_gemms(gpu, dims, weights, act, size)?;
+                tuning.push(TunedStep::new(size, dims.layers, &tuned));
+            }
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
             let splits = decode::num_splits(gpu, size, dims.heads, dims.kv_heads, max_kv_len);
@@ -102,7 +142,13 @@ impl DecodeGraphs {
             staging,
             buckets,
             entries_per_seq,
+            tuning,
         })
+    }
+
+    /// What GEMM tuning found, per bucket (empty when it was off).
+    pub fn tuning(&self) -> &[TunedStep] {
+        &self.tuning
     }
 
     pub fn len(&self) -> usize {

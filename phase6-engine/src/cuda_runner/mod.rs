@@ -25,6 +25,7 @@ use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 
 use forward::{Activations, Dims, KvCache};
 use graphs::DecodeGraphs;
+pub use graphs::TunedStep;
 use plan::{CascadeSplit, Limits, StepPlan};
 use staging::Staging;
 use weights::DeviceWeights;
@@ -56,6 +57,9 @@ pub struct CudaOptions {
     pub max_num_seqs: usize,
     /// Launch every kernel of every step one by one (no CUDA graphs): for debugging.
     pub enforce_eager: bool,
+    /// Before capturing the decode graphs, time cuBLASLt's algorithms for each bucket's GEMMs
+    /// and keep the fastest (see `kernels::gemm_tuning`); a few seconds at start.
+    pub tune_gemms: bool,
     /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
     /// with few queries is attended in several pieces at once so that it fills the GPU.
     pub cascade_split_min_tokens: usize,
@@ -71,6 +75,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
+            tune_gemms: true,
             cascade_split_min_tokens: 1024,
         }
     }
@@ -90,6 +95,8 @@ pub struct MemoryReport {
     pub num_graphs: usize,
     /// Device memory the graphs took when they were captured.
     pub graph_bytes: usize,
+    /// What GEMM tuning found per decode bucket (empty when it did not run).
+    pub gemm_tuning: Vec<TunedStep>,
 }
 
 impl MemoryReport {
@@ -115,9 +122,25 @@ impl fmt::Display for MemoryReport {
             self.kv_tokens(),
         )?;
         match self.num_graphs {
-            0 => write!(f, ", eager (no CUDA graphs)"),
-            n => write!(f, ", {n} decode graphs ({:.2} GiB)", gib(self.graph_bytes)),
+            0 => write!(f, ", eager (no CUDA graphs)")?,
+            n => write!(f, ", {n} decode graphs ({:.2} GiB)", gib(self.graph_bytes))?,
         }
+        // A few buckets stand for the rest.
+        let shown: Vec<String> = self
+            .gemm_tuning
+            .iter()
+            .filter(|t| [1, 16, 64, 128, 256, 512].contains(&t.seqs))
+            .map(|t| {
+                format!(
+                    "{} seqs {:.0} -> {:.0} us ({}/5 cuBLASLt)",
+                    t.seqs, t.default_us, t.tuned_us, t.shapes_through_lt
+                )
+            })
+            .collect();
+        if !shown.is_empty() {
+            write!(f, "; a decode step's GEMMs, tuned: {}", shown.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -206,8 +229,15 @@ impl CudaRunner {
             let max_kv_len = max_pages * options.page_size;
             let entries = max_pages + SPARE_ENTRIES;
             Some(
-                DecodeGraphs::capture(&gpu, model, &limits, entries, max_kv_len)
-                    .map_err(device_error)?,
+                DecodeGraphs::capture(
+                    &gpu,
+                    model,
+                    &limits,
+                    entries,
+                    max_kv_len,
+                    options.tune_gemms,
+                )
+                .map_err(device_error)?,
             )
         };
         let (after, _) = gpu.memory_info().map_err(device_error)?;
@@ -224,6 +254,9 @@ impl CudaRunner {
             num_pages: shape.num_pages,
             page_size: options.page_size,
             num_graphs: graphs.as_ref().map_or(0, DecodeGraphs::len),
+            gemm_tuning: graphs
+                .as_ref()
+                .map_or_else(Vec::new, |g| g.tuning().to_vec()),
             graph_bytes: before.saturating_sub(after),
         };
         Ok(Self {
