@@ -24,9 +24,9 @@ use crate::device::Gpu;
 use crate::error::{DriverContext, Error, Result};
 use crate::linear::{self, GemmOutput};
 
-/// cuBLASLt's scratch memory: split-K kernels keep their partial sums there. 32 MiB is what
-/// NVIDIA recommends for Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
+/// cuBLASLt's scratch memory, allocated on the first tuning: split-K kernels keep their partial
+/// sums there. 32 MiB is what NVIDIA recommends for Hopper.
+pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Candidates asked of cuBLASLt's heuristic for each shape.
 const CANDIDATES: i32 = 16;

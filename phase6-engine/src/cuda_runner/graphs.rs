@@ -42,6 +42,7 @@ pub(crate) struct DecodeGraphs {
     buckets: Vec<Bucket>,
     entries_per_seq: usize,
     tuning: Vec<TunedStep>,
+    tuning_skipped: Option<String>,
 }
 
 /// The device time of one decode step's GEMMs (every layer's four and the lm_head), with
@@ -117,11 +118,14 @@ impl DecodeGraphs {
         let mut staging = Staging::new(gpu, span)?;
 
         let mut buckets = Vec::with_capacity(sizes.len());
-        let mut tuning = Vec::new();
+        let (mut tuning, mut tuning_skipped, mut tune) = (Vec::new(), None, tune_gemms);
         for size in sizes {
-            if tune_gemms {
-                let tuned = forward::tune_decode_gemms(gpu, dims, weights, act, size)?;
-                tuning.push(TunedStep::new(size, dims.layers, &tuned));
+            if tune {
+                match forward::tune_decode_gemms(gpu, dims, weights, act, size) {
+                    Ok(tuned) => tuning.push(TunedStep::new(size, dims.layers, &tuned)),
+                    // cuBLAS's defaults still work: go on with them, and say why.
+                    Err(e) => (tuning_skipped, tune) = (Some(e.to_string()), false),
+                }
             }
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
@@ -143,12 +147,18 @@ impl DecodeGraphs {
             buckets,
             entries_per_seq,
             tuning,
+            tuning_skipped,
         })
     }
 
     /// What GEMM tuning found, per bucket (empty when it was off).
     pub fn tuning(&self) -> &[TunedStep] {
         &self.tuning
+    }
+
+    /// Why GEMM tuning stopped, when it failed (the remaining buckets use cuBLAS's defaults).
+    pub fn tuning_skipped(&self) -> Option<&str> {
+        self.tuning_skipped.as_deref()
     }
 
     pub fn len(&self) -> usize {

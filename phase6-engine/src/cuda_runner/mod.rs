@@ -34,7 +34,8 @@ use weights::DeviceWeights;
 const BLAS_WORKSPACE: usize = 32 << 20;
 /// Device memory left free for what is not counted (the CUDA context's own growth).
 const RESERVE: usize = 256 << 20;
-/// Device memory left free for the decode graphs' instantiation.
+/// Device memory left free for the decode graphs' instantiation (and cuBLASLt's workspace when
+/// their GEMMs are tuned).
 const GRAPH_RESERVE: usize = 512 << 20;
 /// Page entries a sequence may use in a graph-replayed step, beyond its full pages (one
 /// partly filled page per segment).
@@ -97,6 +98,8 @@ pub struct MemoryReport {
     pub graph_bytes: usize,
     /// What GEMM tuning found per decode bucket (empty when it did not run).
     pub gemm_tuning: Vec<TunedStep>,
+    /// Why GEMM tuning stopped, when it failed.
+    pub gemm_tuning_skipped: Option<String>,
 }
 
 impl MemoryReport {
@@ -139,6 +142,12 @@ impl fmt::Display for MemoryReport {
             .collect();
         if !shown.is_empty() {
             write!(f, "; a decode step's GEMMs, tuned: {}", shown.join(", "))?;
+        }
+        if let Some(why) = &self.gemm_tuning_skipped {
+            write!(
+                f,
+                "; GEMM tuning stopped ({why}): cuBLAS's defaults from there on"
+            )?;
         }
         Ok(())
     }
@@ -241,6 +250,12 @@ impl CudaRunner {
             )
         };
         let (after, _) = gpu.memory_info().map_err(device_error)?;
+        let tuned = graphs.as_ref().is_some_and(|g| !g.tuning().is_empty());
+        let tuned_workspace = if tuned {
+            kernels::gemm_tuning::WORKSPACE_BYTES
+        } else {
+            0
+        };
 
         let memory = MemoryReport {
             device,
@@ -249,7 +264,8 @@ impl CudaRunner {
             activation_bytes: act.bytes()
                 + staging.bytes()
                 + graphs.as_ref().map_or(0, DecodeGraphs::staging_bytes)
-                + BLAS_WORKSPACE,
+                + BLAS_WORKSPACE
+                + tuned_workspace,
             kv_bytes: kv.bytes(),
             num_pages: shape.num_pages,
             page_size: options.page_size,
@@ -257,7 +273,10 @@ impl CudaRunner {
             gemm_tuning: graphs
                 .as_ref()
                 .map_or_else(Vec::new, |g| g.tuning().to_vec()),
-            graph_bytes: before.saturating_sub(after),
+            gemm_tuning_skipped: graphs
+                .as_ref()
+                .and_then(|g| g.tuning_skipped().map(str::to_owned)),
+            graph_bytes: before.saturating_sub(after).saturating_sub(tuned_workspace),
         };
         Ok(Self {
             gpu,
