@@ -4,6 +4,9 @@
 //! Writing K/V straight into the paged cache is what vLLM's `reshape_and_cache` does; here it
 //! is fused with the rotation so the new keys are read and written once. Attention then finds
 //! the new tokens in the cache like any cached token.
+//!
+//! The same rotation moves cached K/V: [`copy_kv_rotated`] copies a span of tokens to other
+//! pages and turns their keys by a position shift (the chunk API's independent mode).
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -98,5 +101,75 @@ pub fn qk_norm_rope_store(
     launch.arg(&args.norm_eps).arg(&args.rope_theta);
     let blocks = (t as u32, heads.div_ceil(WARPS) as u32, 1);
     unsafe { launch.launch(grid(blocks, (WARPS * 32) as u32)) }.during(K)?;
+    Ok(())
+}
+
+const COPY: &str = "copy_kv_rotated";
+
+/// Copies the K/V of `tokens` tokens of one layer from `src_slots` to `dst_slots` (`i32[tokens,
+/// 2]`, (page id, offset) as in [`RopeStore::slots`]), turning every key by `shift` positions:
+/// K/V computed at positions `0..n` becomes that of the same tokens at `shift..shift + n`
+/// (RoPE rotations compose). The two slot sets must not share a page; slots outside the cache
+/// copy nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_kv_rotated(
+    gpu: &Gpu,
+    src_slots: &impl DevicePtr<i32>,
+    dst_slots: &impl DevicePtr<i32>,
+    tokens: usize,
+    shift: i64,
+    rope_theta: f32,
+    cache: CacheShape,
+    k_cache: &mut impl DevicePtrMut<bf16>,
+    v_cache: &mut impl DevicePtrMut<bf16>,
+) -> Result<()> {
+    cache.check(COPY, k_cache.len(), v_cache.len())?;
+    check::at_least(COPY, "src_slots", src_slots.len(), 2 * tokens)?;
+    check::at_least(COPY, "dst_slots", dst_slots.len(), 2 * tokens)?;
+    // The angle is computed in f32 from the shift, as the forward pass does from positions.
+    if shift.unsigned_abs() > 1 << 24 {
+        return Err(check::invalid(
+            COPY,
+            format!("shift {shift} is beyond the positions f32 holds exactly (2^24)"),
+        ));
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(
+        Source::RopeStore,
+        match cache.head_dim {
+            32 => "copy_kv_rotated_d32",
+            64 => "copy_kv_rotated_d64",
+            _ => "copy_kv_rotated_d128",
+        },
+    )?;
+    let ptrs = [
+        gpu.ptr_mut(k_cache),
+        gpu.ptr_mut(v_cache),
+        gpu.ptr(src_slots),
+        gpu.ptr(dst_slots),
+    ];
+    let ints = [
+        check::int(COPY, "num_kv_heads", cache.num_kv_heads)?,
+        check::int(COPY, "page_size", cache.page_size)?,
+        check::int(COPY, "num_pages", cache.num_pages)?,
+    ];
+    let shift = shift as f32;
+    const WARPS: usize = 4;
+    let mut launch = gpu.stream().launch_builder(&f);
+    for p in &ptrs {
+        launch.arg(p);
+    }
+    for i in &ints {
+        launch.arg(i);
+    }
+    launch.arg(&shift).arg(&rope_theta);
+    let blocks = (
+        tokens as u32,
+        (2 * cache.num_kv_heads).div_ceil(WARPS) as u32,
+        1,
+    );
+    unsafe { launch.launch(grid(blocks, (WARPS * 32) as u32)) }.during(COPY)?;
     Ok(())
 }

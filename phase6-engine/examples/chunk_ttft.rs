@@ -4,11 +4,16 @@
 //! `cargo run --release -p phase6 --example chunk_ttft` (embedded model, CPU, 1,000 tokens);
 //! on a GPU: `... --features cuda --example chunk_ttft -- --device cuda
 //! --config configs/qwen3-0.6b.json --contexts 1000,4000,16000` (random weights).
+//! `--mode independent` composes in independent mode (each context prefilled once at position 0,
+//! its K/V copied behind the system prompt with its keys turned) instead of exact.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use phase6::{ChunkConfig, ChunkType, ChunkedLLM, Config, Device, LLM, Prompt, SamplingParams};
+use phase6::{
+    ChunkConfig, ChunkType, ChunkedLLM, CompositionMode, Config, Device, LLM, Prompt,
+    SamplingParams,
+};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -29,6 +34,11 @@ fn main() -> Result<(), phase6::Error> {
         .split(',')
         .map(|s| s.parse().expect("--contexts takes numbers"))
         .collect();
+    let mode = match arg("--mode").as_deref() {
+        None | Some("exact") => CompositionMode::Exact,
+        Some("independent") => CompositionMode::Independent,
+        Some(other) => panic!("--mode {other}: use exact or independent"),
+    };
     let longest = contexts.iter().max().copied().unwrap_or(1000);
     let config = Config {
         device,
@@ -77,6 +87,7 @@ fn main() -> Result<(), phase6::Error> {
         llm,
         ChunkConfig {
             chunk_memory_ratio: 0.9,
+            mode,
             ..ChunkConfig::default()
         },
     )?;

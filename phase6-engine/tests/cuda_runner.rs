@@ -1,7 +1,8 @@
 //! The CUDA runner against the references: `transformers` fixtures and the CPU runner (greedy
 //! tokens, last logits), cascade == flat attention on the device, device sampling == the host
-//! sampler, and chapter 5's properties through `phase5::Engine` (batched == alone, a tiny pool
-//! preempts and still finishes with the same tokens, every page comes back).
+//! sampler, K/V moved by a RoPE shift == the CPU runner's, and chapter 5's properties through
+//! `phase5::Engine` (batched == alone, a tiny pool preempts and still finishes with the same
+//! tokens, every page comes back).
 //!
 //! The GPU computes in bf16, so greedy tokens can only be compared up to the first step where
 //! the reference's top-2 logit gap is small enough for rounding to swap the two: two logits each
@@ -385,6 +386,67 @@ fn cascade_equals_flat_attention_on_the_device() {
             }
         }
     }
+}
+
+#[test]
+fn copy_kv_with_a_rope_shift_follows_the_cpu_runner() {
+    if !have_gpu() {
+        return;
+    }
+    let (config, weights, model) = tiny_shakespeare();
+    let mut gpu = CudaRunner::new(&config, &weights, options(64, 8, true)).unwrap();
+    let mut cpu = CpuRunner::new(model, 64, 16);
+    let mut pool = KvPool::new(64, 16).unwrap();
+    let tokens = |n: usize, from: u32| -> Vec<TokenId> {
+        (0..n as u32).map(|i| (from + 41 * i) % 2000 + 5).collect()
+    };
+    let segment = |pool: &mut KvPool, n: usize| {
+        let mut t = BlockTable::new();
+        t.append_tokens(pool, n).unwrap();
+        t
+    };
+    // A 30-token prefix, and a 40-token context prefilled on its own at position 0, then moved
+    // behind the prefix (the chunk API's independent mode): once turned by 30 positions, and
+    // once not turned, which must come out measurably wrong.
+    let (prefix, own) = (segment(&mut pool, 30), segment(&mut pool, 40));
+    let (moved, unturned) = (segment(&mut pool, 40), segment(&mut pool, 40));
+    {
+        let mut both: [&mut dyn ModelRunner; 2] = [&mut gpu, &mut cpu];
+        prefill_segment(&mut both, &[], &prefix, &tokens(30, 1));
+        prefill_segment(&mut both, &[], &own, &tokens(40, 2));
+    }
+    cpu.copy_kv(&own, &moved, 30).unwrap();
+    gpu.copy_kv(&own, &moved, 30).unwrap();
+    gpu.copy_kv(&own, &unturned, 0).unwrap();
+    let after = |context: &BlockTable, pool: &mut KvPool| ForwardSeq {
+        seq_id: 0,
+        tokens: tokens(3, 3),
+        start_pos: 70,
+        kv: vec![prefix.clone(), context.clone(), segment(pool, 3)],
+        sample: Some(SampleSpec::greedy()),
+    };
+    let seq = after(&moved, &mut pool);
+    let reference = cpu.forward(&one(&seq)).unwrap();
+    let on_gpu = gpu.forward(&one(&seq)).unwrap();
+    let wrong = gpu.forward(&one(&after(&unturned, &mut pool))).unwrap();
+    let (rel, abs) = errors(&on_gpu.data, &reference.data);
+    let (rel_wrong, _) = errors(&wrong.data, &reference.data);
+    eprintln!("moved K/V vs CPU: relative {rel:.1e}; without the turn: {rel_wrong:.1e}");
+    assert!(rel < LOGITS_REL_TOL, "device copy_kv vs CPU: {rel:.2e}");
+    assert!(
+        rel_wrong > 3.0 * rel,
+        "the test cannot see the rotation: {rel_wrong:.2e} vs {rel:.2e}"
+    );
+    if top2_gap(reference.row(0)) > 4.0 * abs {
+        assert_eq!(
+            sampler::argmax(on_gpu.row(0)),
+            sampler::argmax(reference.row(0))
+        );
+    }
+
+    // Refused: a copy that reads and writes the same page, or into a segment of another length.
+    assert!(gpu.copy_kv(&own, &own, 5).is_err());
+    assert!(gpu.copy_kv(&own, &prefix, 5).is_err());
 }
 
 #[test]

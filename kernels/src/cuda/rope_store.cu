@@ -116,3 +116,43 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
 ROPE_STORE(32)
 ROPE_STORE(64)
 ROPE_STORE(128)
+
+// Copies the K/V of n tokens from one set of slots to another in one layer's cache, turning
+// each key by `shift` positions on the way. RoPE rotations compose, so a key rotated for
+// position p becomes exactly the key for position p + shift (before bf16 rounding): the chunk
+// API's independent mode moves a context prefilled at position 0 behind a prefix this way.
+// Slots are (page, offset) pairs as above; the two sets must not share a page.
+// Grid: (n, ceil(2 Hkv / WARPS)); a warp per (token, K head or V head).
+template <int D>
+__device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
+                                                bf16* __restrict__ v_cache,
+                                                const int* __restrict__ src_slots,
+                                                const int* __restrict__ dst_slots,
+                                                int num_kv_heads, int page_size, int num_pages,
+                                                float shift, float theta) {
+    const int t = blockIdx.x;
+    const int head = blockIdx.y * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (head >= 2 * num_kv_heads) return;
+    const int sp = src_slots[2 * t], so = src_slots[2 * t + 1];
+    const int dp = dst_slots[2 * t], dof = dst_slots[2 * t + 1];
+    if (sp < 0 || sp >= num_pages || dp < 0 || dp >= num_pages) return;
+    if (so < 0 || so >= page_size || dof < 0 || dof >= page_size) return;
+    const bool is_k = head < num_kv_heads;
+    const int kv_head = is_k ? head : head - num_kv_heads;
+    const size_t src_row = ((size_t)sp * num_kv_heads + kv_head) * page_size + so;
+    const size_t dst_row = ((size_t)dp * num_kv_heads + kv_head) * page_size + dof;
+    bf16* cache = is_k ? k_cache : v_cache;
+    rope_head<D>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f, shift, theta, is_k);
+}
+
+#define COPY_KV(D)                                                                               \
+    extern "C" __global__ void copy_kv_rotated_d##D(                                            \
+        bf16* k_cache, bf16* v_cache, const int* src_slots, const int* dst_slots,                \
+        int num_kv_heads, int page_size, int num_pages, float shift, float theta) {             \
+        copy_kv_rotated<D>(k_cache, v_cache, src_slots, dst_slots, num_kv_heads, page_size,      \
+                           num_pages, shift, theta);                                             \
+    }
+
+COPY_KV(32)
+COPY_KV(64)
+COPY_KV(128)

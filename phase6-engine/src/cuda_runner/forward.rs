@@ -299,6 +299,35 @@ fn decoder_layer(
     // END SOLUTION
 }
 
+/// Copies the K/V of `tokens` tokens from `src_slots` to `dst_slots` (`i32[tokens, 2]`) in
+/// every layer, keys turned by `shift` positions (see `kernels::rope::copy_kv_rotated`).
+pub(crate) fn copy_kv_rotated(
+    gpu: &Gpu,
+    m: &Dims,
+    kv: &mut KvCache,
+    src_slots: &CudaSlice<i32>,
+    dst_slots: &CudaSlice<i32>,
+    tokens: usize,
+    shift: i64,
+) -> Result<()> {
+    let shape = kv.shape;
+    for l in 0..m.layers {
+        let (mut k, mut v) = kv.layer_mut(l);
+        rope::copy_kv_rotated(
+            gpu,
+            src_slots,
+            dst_slots,
+            tokens,
+            shift,
+            m.rope_theta,
+            shape,
+            &mut k,
+            &mut v,
+        )?;
+    }
+    Ok(())
+}
+
 /// Chooses the cuBLASLt algorithm of each product of a decode step of `rows` sequences by
 /// timing (see `kernels::gemm_tuning`), over the model's own weights. The activation buffers
 /// are scratch here: they get a fixed pattern as input and are overwritten.

@@ -20,7 +20,7 @@ use std::fmt;
 use kernels::paged::CacheShape;
 use kernels::{Gpu, decode, sampling};
 use phase0::TokenId;
-use phase1::{KvDtype, KvLayout};
+use phase1::{BlockTable, KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 
 use forward::{Activations, Dims, KvCache};
@@ -444,6 +444,55 @@ impl ModelRunner for CudaRunner {
 
     fn vocab_size(&self) -> usize {
         self.dims.vocab
+    }
+
+    fn copy_kv(
+        &mut self,
+        src: &BlockTable,
+        dst: &BlockTable,
+        rope_shift: i64,
+    ) -> Result<(), Error> {
+        let ps = self.kv.shape.page_size;
+        let n = src.num_tokens();
+        if dst.num_tokens() != n || src.pages().len() * ps < n || dst.pages().len() * ps < n {
+            return Err(Error::InvalidBatch(format!(
+                "copy of {n} tokens into a segment of {}",
+                dst.num_tokens()
+            )));
+        }
+        let limit = self.kv.shape.num_pages as u32;
+        if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
+            return Err(Error::InvalidBatch(
+                "copy names a page outside the store".into(),
+            ));
+        }
+        // Every token is copied at once on the device, so a page both read and written would
+        // make the result depend on the order of the blocks.
+        if let Some(p) = src.pages().iter().find(|p| dst.pages().contains(p)) {
+            return Err(Error::InvalidBatch(format!(
+                "copy reads and writes page {p}"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let slots = |table: &BlockTable| -> Vec<i32> {
+            (0..n)
+                .flat_map(|i| {
+                    let s = table.slot(i, ps);
+                    [s.page as i32, s.offset as i32]
+                })
+                .collect()
+        };
+        let gpu = &self.gpu;
+        let (d_src, d_dst) = (
+            gpu.upload(&slots(src)).map_err(device_error)?,
+            gpu.upload(&slots(dst)).map_err(device_error)?,
+        );
+        forward::copy_kv_rotated(gpu, &self.dims, &mut self.kv, &d_src, &d_dst, n, rope_shift)
+            .map_err(device_error)?;
+        // Chunk registration is rare: wait, so that the slot arrays outlive the copies.
+        gpu.synchronize().map_err(device_error)
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
