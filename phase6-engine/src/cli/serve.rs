@@ -41,6 +41,21 @@ impl ServeArgs {
     }
 }
 
+/// Completes at the first Ctrl-C: the server stops accepting and finishes what is in flight.
+/// A second Ctrl-C exits at once.
+async fn stop_on_ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        // No signal handler could be installed: serve until the process is killed.
+        std::future::pending::<()>().await;
+    }
+    eprintln!("stopping: finishing the requests in flight (Ctrl-C again quits now)");
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+}
+
 pub fn run(args: ServeArgs) -> Result<(), Error> {
     let options = ServeOptions {
         model_name: args.model_name(),
@@ -65,8 +80,10 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
             .map_err(|e| Error::Internal(e.to_string()))?;
         eprintln!("serving {name} at http://{addr}/v1 (also /health, /metrics); Ctrl-C stops");
         server
-            .run()
+            .run_until(stop_on_ctrl_c())
             .await
-            .map_err(|e| Error::Internal(format!("server: {e}")))
+            .map_err(|e| Error::Internal(format!("server: {e}")))?;
+        eprintln!("stopped: every request in flight was answered");
+        Ok(())
     })
 }

@@ -63,7 +63,8 @@ impl Default for ServeOptions {
     }
 }
 
-/// A bound listener and its routes; `run` serves until the process ends.
+/// A bound listener and its routes; `run` serves until the process ends, `run_until` until a
+/// shutdown signal.
 pub struct Server {
     listener: TcpListener,
     app: Router,
@@ -96,5 +97,16 @@ impl Server {
 
     pub async fn run(self) -> io::Result<()> {
         axum::serve(self.listener, self.app).await
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting connections and returns once
+    /// every request in flight has been answered (streams run to their end).
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        axum::serve(self.listener, self.app)
+            .with_graceful_shutdown(shutdown)
+            .await
     }
 }

@@ -1,6 +1,7 @@
 //! `nanoserve serve` over real HTTP on loopback, with the embedded model: the OpenAI
 //! endpoints streamed and not, the chunk endpoints, every kind of bad input, clients that
-//! leave mid-stream, a bounded load test, and the official `openai` Python client.
+//! leave mid-stream, a bounded load test, graceful shutdown, and the official `openai` Python
+//! client.
 
 mod api;
 mod chunks;
@@ -9,3 +10,4 @@ mod errors;
 mod harness;
 mod load;
 mod openai_python;
+mod shutdown;
