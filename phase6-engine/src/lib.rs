@@ -11,6 +11,8 @@ mod config;
 #[cfg(feature = "cuda")]
 mod cuda_runner;
 mod error;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod llm;
 mod prompt;
 pub mod report;
