@@ -321,19 +321,8 @@ impl ModelRunner for CpuRunner {
         rope_shift: i64,
     ) -> Result<(), Error> {
         let ps = self.store.page_size();
+        crate::runner::check_copy_kv(src, dst, ps, self.store.num_pages())?;
         let n = src.num_tokens();
-        if dst.num_tokens() != n || src.pages().len() * ps < n || dst.pages().len() * ps < n {
-            return Err(Error::InvalidBatch(format!(
-                "copy of {n} tokens into a segment of {}",
-                dst.num_tokens()
-            )));
-        }
-        let limit = self.store.num_pages() as u32;
-        if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
-            return Err(Error::InvalidBatch(
-                "copy names a page outside the store".into(),
-            ));
-        }
         let c = &self.model.config;
         // One rotation for every token: the angle depends only on the shift.
         let (cos, sin) = rope_tables_signed(rope_shift, c.head_dim, c.rope_theta);

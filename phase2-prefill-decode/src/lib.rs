@@ -35,7 +35,9 @@ pub use kv_store::KvStore;
 pub use model::{Layer, Model};
 pub use paths::{default_model_dir, models_dir};
 pub use prefill_manager::{PrefillManager, SchedulerConfig};
-pub use runner::{ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment};
+pub use runner::{
+    ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment, check_copy_kv,
+};
 pub use seq_state::SeqState;
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 pub use weights::{Dtype, TensorView, Weights, tensor_shapes};

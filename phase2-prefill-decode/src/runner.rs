@@ -165,6 +165,34 @@ pub trait ModelRunner {
     }
 }
 
+/// Checks the arguments of [`ModelRunner::copy_kv`] against a store of `num_pages` pages of
+/// `page_size` tokens: both segments hold the same number of tokens, have the pages for them,
+/// and name only pages of the store. Every runner's `copy_kv` starts with it.
+pub fn check_copy_kv(
+    src: &BlockTable,
+    dst: &BlockTable,
+    page_size: usize,
+    num_pages: usize,
+) -> Result<(), Error> {
+    let n = src.num_tokens();
+    if dst.num_tokens() != n
+        || src.pages().len() * page_size < n
+        || dst.pages().len() * page_size < n
+    {
+        return Err(Error::InvalidBatch(format!(
+            "copy of {n} tokens into a segment of {}",
+            dst.num_tokens()
+        )));
+    }
+    let limit = num_pages as u32;
+    if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
+        return Err(Error::InvalidBatch(
+            "copy names a page outside the store".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// A boxed runner is a runner, so an engine can hold "the CPU or the CUDA runner".
 impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     fn kv_layout(&self) -> KvLayout {

@@ -1,16 +1,18 @@
-//! The engine's own host time per step: nano-vllm's benchmark workload (256 requests, prompts
-//! and outputs of 100..=1024 tokens) through the chapter 5 engine with a runner that does no
-//! work and answers instantly. What is left is the scheduler, the page pool, the radix cache
-//! and the bookkeeping of every step: the part of a GPU step's gap that is not the runner's.
+//! The engine's own host time per step: `nanoserve bench`'s workload (nano-vllm's: 256
+//! requests, prompts and outputs of 100..=1024 tokens) through the chapter 5 engine with a
+//! runner that does no work and answers instantly. What is left is the scheduler, the page
+//! pool, the radix cache and the bookkeeping of every step: the part of a GPU step's gap that
+//! is not the runner's.
 //!
 //!     cargo run --release -p phase6 --example host_only
 
 use std::time::{Duration, Instant};
 
-use phase0::{SamplingParams, TokenId};
+use phase0::TokenId;
 use phase1::{KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelRunner};
 use phase5::{Batching, Engine, SchedulerConfig};
+use phase6::workload::WorkloadSpec;
 
 /// Qwen3-0.6B's KV shape and vocabulary, the KV cache of an H100 run (2,482 pages of 256),
 /// and no model: every sampling sequence gets token 7.
@@ -60,23 +62,6 @@ impl ModelRunner for NullRunner {
     }
 }
 
-/// SplitMix64, seed 0: a fixed workload of the shape `nanoserve bench` runs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn between(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-}
-
 fn main() -> Result<(), Error> {
     for prefix_cache in [false, true] {
         let config = SchedulerConfig {
@@ -88,17 +73,8 @@ fn main() -> Result<(), Error> {
             max_model_len: 4096,
         };
         let mut engine = Engine::new(NullRunner, config, Vec::new(), 0)?;
-        let mut rng = Rng(0);
-        for _ in 0..256 {
-            let len = rng.between(100, 1024);
-            let prompt: Vec<TokenId> = (0..len)
-                .map(|_| rng.between(0, 10_000) as TokenId)
-                .collect();
-            let params = SamplingParams::default()
-                .with_temperature(0.6)
-                .with_max_tokens(rng.between(100, 1024))
-                .with_ignore_eos(true);
-            engine.add_request(prompt, params)?;
+        for item in WorkloadSpec::default().build(NullRunner.vocab_size()) {
+            engine.add_request(item.prompt, item.params)?;
         }
         let (mut steps, mut decode_steps, mut decode_time) = (0, 0, Duration::ZERO);
         let start = Instant::now();

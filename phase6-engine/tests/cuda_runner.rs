@@ -299,6 +299,20 @@ fn prefill_segment(
     }
 }
 
+/// `n` token ids of the tiny model's vocabulary, `from` and `stride` telling sequences apart.
+fn synthetic_tokens(n: usize, from: u32, stride: u32) -> Vec<TokenId> {
+    (0..n as u32)
+        .map(|i| (from + stride * i) % 2000 + 5)
+        .collect()
+}
+
+/// A new segment of `n` token slots from `pool`.
+fn segment(pool: &mut KvPool, n: usize) -> BlockTable {
+    let mut t = BlockTable::new();
+    t.append_tokens(pool, n).unwrap();
+    t
+}
+
 #[test]
 fn cascade_equals_flat_attention_on_the_device() {
     if !have_gpu() {
@@ -309,14 +323,7 @@ fn cascade_equals_flat_attention_on_the_device() {
         let mut gpu = CudaRunner::new(&config, &weights, options(64, 8, eager)).unwrap();
         let mut cpu = CpuRunner::new(model.clone(), 64, 16);
         let mut pool = KvPool::new(64, 16).unwrap();
-        let tokens = |n: usize, from: u32| -> Vec<TokenId> {
-            (0..n as u32).map(|i| (from + 37 * i) % 2000 + 5).collect()
-        };
-        let segment = |pool: &mut KvPool, n: usize| {
-            let mut t = BlockTable::new();
-            t.append_tokens(pool, n).unwrap();
-            t
-        };
+        let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 37);
         // A system prompt of 40 tokens and a document of 50, both ending in partial pages and
         // each cut in pieces of at least a page.
         let system = segment(&mut pool, 40);
@@ -397,14 +404,7 @@ fn copy_kv_with_a_rope_shift_follows_the_cpu_runner() {
     let mut gpu = CudaRunner::new(&config, &weights, options(64, 8, true)).unwrap();
     let mut cpu = CpuRunner::new(model, 64, 16);
     let mut pool = KvPool::new(64, 16).unwrap();
-    let tokens = |n: usize, from: u32| -> Vec<TokenId> {
-        (0..n as u32).map(|i| (from + 41 * i) % 2000 + 5).collect()
-    };
-    let segment = |pool: &mut KvPool, n: usize| {
-        let mut t = BlockTable::new();
-        t.append_tokens(pool, n).unwrap();
-        t
-    };
+    let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 41);
     // A 30-token prefix, and a 40-token context prefilled on its own at position 0, then moved
     // behind the prefix (the chunk API's independent mode): once turned by 30 positions, and
     // once not turned, which must come out measurably wrong.

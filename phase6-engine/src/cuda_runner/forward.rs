@@ -329,15 +329,16 @@ pub(crate) fn copy_kv_rotated(
 }
 
 /// Chooses the cuBLASLt algorithm of each product of a decode step of `rows` sequences by
-/// timing (see `kernels::gemm_tuning`), over the model's own weights. The activation buffers
-/// are scratch here: they get a fixed pattern as input and are overwritten.
+/// timing (see `kernels::gemm_tuning`), over the model's own weights. Returns what it found for
+/// the products every layer runs, and for the lm_head. The activation buffers are scratch here:
+/// they get a fixed pattern as input and are overwritten.
 pub(crate) fn tune_decode_gemms(
     gpu: &Gpu,
     m: &Dims,
     w: &DeviceWeights,
     a: &mut Activations,
     rows: usize,
-) -> Result<Vec<Tuned>> {
+) -> Result<(Vec<Tuned>, Tuned)> {
     let widest = m.hidden.max(m.q_width()).max(m.inter);
     let pattern: Vec<bf16> = (0..rows * widest)
         .map(|i| bf16::from_f32((i * 7919 % 251) as f32 / 251.0 - 0.5))
@@ -350,7 +351,7 @@ pub(crate) fn tune_decode_gemms(
         w.layers.iter().map(pick).collect()
     };
     let (h, t) = (m.hidden, rows);
-    Ok(vec![
+    let per_layer = vec![
         tune_linear(
             gpu,
             &of(|l| &l.qkv),
@@ -379,8 +380,9 @@ pub(crate) fn tune_decode_gemms(
             m.q_width(),
         )?,
         tune_linear(gpu, &of(|l| &l.down), &a.act, &mut a.hidden, t, h, m.inter)?,
-        tune_linear(gpu, &[w.output()], &a.last, &mut a.logits, t, m.vocab, h)?,
-    ])
+    ];
+    let lm_head = tune_linear(gpu, &[w.output()], &a.last, &mut a.logits, t, m.vocab, h)?;
+    Ok((per_layer, lm_head))
 }
 
 /// Attention of every row (its K/V already stored) into `a.attn`: decode rows through the

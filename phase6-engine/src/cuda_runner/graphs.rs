@@ -45,32 +45,31 @@ pub(crate) struct DecodeGraphs {
     tuning_skipped: Option<String>,
 }
 
-/// The device time of one decode step's GEMMs (every layer's four and the lm_head), with
-/// cuBLAS's default algorithms and with the tuned ones, for one bucket.
+/// The device time of one decode step's GEMMs (every layer's and the lm_head), with cuBLAS's
+/// default algorithms and with the tuned ones, for one bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TunedStep {
     pub seqs: usize,
     pub default_us: f64,
     pub tuned_us: f64,
-    /// Products of the step's five shapes that run through cuBLASLt.
+    /// Distinct product shapes in the step, and how many of them run through cuBLASLt.
+    pub shapes: usize,
     pub shapes_through_lt: usize,
 }
 
 impl TunedStep {
-    /// Sums `tuned` (the four per-layer shapes, then the lm_head) over `layers` layers.
-    fn new(seqs: usize, layers: usize, tuned: &[Tuned]) -> Self {
-        let per_step = |t: &Tuned, us: f64| {
-            if t.shape.f32_out {
-                us
-            } else {
-                us * layers as f64
-            }
+    /// `per_layer` runs once in each of `layers` layers, `lm_head` once a step.
+    fn new(seqs: usize, layers: usize, per_layer: &[Tuned], lm_head: &Tuned) -> Self {
+        let sum = |us: fn(&Tuned) -> f64| {
+            per_layer.iter().map(us).sum::<f64>() * layers as f64 + us(lm_head)
         };
+        let all = || per_layer.iter().chain([lm_head]);
         Self {
             seqs,
-            default_us: tuned.iter().map(|t| per_step(t, t.default_us)).sum(),
-            tuned_us: tuned.iter().map(|t| per_step(t, t.best_us)).sum(),
-            shapes_through_lt: tuned.iter().filter(|t| t.through_lt).count(),
+            default_us: sum(|t| t.default_us),
+            tuned_us: sum(|t| t.best_us),
+            shapes: all().count(),
+            shapes_through_lt: all().filter(|t| t.through_lt).count(),
         }
     }
 }
@@ -122,7 +121,9 @@ impl DecodeGraphs {
         for size in sizes {
             if tune {
                 match forward::tune_decode_gemms(gpu, dims, weights, act, size) {
-                    Ok(tuned) => tuning.push(TunedStep::new(size, dims.layers, &tuned)),
+                    Ok((per_layer, lm_head)) => {
+                        tuning.push(TunedStep::new(size, dims.layers, &per_layer, &lm_head))
+                    }
                     // cuBLAS's defaults still work: go on with them, and say why.
                     Err(e) => (tuning_skipped, tune) = (Some(e.to_string()), false),
                 }

@@ -135,8 +135,8 @@ impl fmt::Display for MemoryReport {
             .filter(|t| [1, 16, 64, 128, 256, 512].contains(&t.seqs))
             .map(|t| {
                 format!(
-                    "{} seqs {:.0} -> {:.0} us ({}/5 cuBLASLt)",
-                    t.seqs, t.default_us, t.tuned_us, t.shapes_through_lt
+                    "{} seqs {:.0} -> {:.0} us ({}/{} cuBLASLt)",
+                    t.seqs, t.default_us, t.tuned_us, t.shapes_through_lt, t.shapes
                 )
             })
             .collect();
@@ -453,19 +453,8 @@ impl ModelRunner for CudaRunner {
         rope_shift: i64,
     ) -> Result<(), Error> {
         let ps = self.kv.shape.page_size;
+        phase2::check_copy_kv(src, dst, ps, self.kv.shape.num_pages)?;
         let n = src.num_tokens();
-        if dst.num_tokens() != n || src.pages().len() * ps < n || dst.pages().len() * ps < n {
-            return Err(Error::InvalidBatch(format!(
-                "copy of {n} tokens into a segment of {}",
-                dst.num_tokens()
-            )));
-        }
-        let limit = self.kv.shape.num_pages as u32;
-        if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
-            return Err(Error::InvalidBatch(
-                "copy names a page outside the store".into(),
-            ));
-        }
         // Every token is copied at once on the device, so a page both read and written would
         // make the result depend on the order of the blocks.
         if let Some(p) = src.pages().iter().find(|p| dst.pages().contains(p)) {
