@@ -22,6 +22,7 @@ use half::bf16;
 use crate::check;
 use crate::device::Gpu;
 use crate::error::{DriverContext, Error, Result};
+use crate::graph;
 use crate::linear::{self, GemmOutput};
 
 /// cuBLASLt's scratch memory, allocated on the first tuning: split-K kernels keep their partial
@@ -61,6 +62,9 @@ pub struct Tuned {
     /// Candidates dropped because they failed to run or their output differed from the
     /// default's.
     pub rejected: usize,
+    /// Candidates dropped because a CUDA graph could not record them (the decode step is
+    /// replayed from graphs, so a kernel that cannot be captured is no use there).
+    pub uncapturable: usize,
 }
 
 /// The tuning state a [`Gpu`] carries: the cuBLASLt handle and its workspace (made on first
@@ -262,8 +266,9 @@ fn candidates<T: GemmOutput>(
 /// decode step does), and makes [`crate::linear::linear`] use the fastest for this shape from
 /// now on. `x` and `y` are scratch buffers of at least `tokens` rows; `y` is overwritten.
 ///
-/// Candidates whose output differs from the default's by more than rounding are dropped.
-/// Must not run during a graph capture (it synchronises); tune first, then capture.
+/// Candidates whose output differs from the default's by more than rounding are dropped, and
+/// so are those a CUDA graph cannot record. Must not run during a graph capture (it
+/// synchronises); tune first, then capture.
 #[allow(clippy::too_many_arguments)]
 pub fn tune_linear<T: GemmOutput>(
     gpu: &Gpu,
@@ -330,7 +335,7 @@ pub fn tune_linear<T: GemmOutput>(
     let tolerance = if T::F32 { 1e-3 } else { 1e-2 } * scale;
 
     let mut kept: Vec<Option<lt_sys::cublasLtMatmulAlgo_t>> = vec![None];
-    let mut rejected = 0;
+    let (mut rejected, mut uncapturable) = (0, 0);
     for algo in &algos {
         let ran = call(Some(algo), pws[0]).and_then(|()| gpu.synchronize());
         let agrees = ran.is_ok()
@@ -338,10 +343,12 @@ pub fn tune_linear<T: GemmOutput>(
                 .iter()
                 .zip(&reference)
                 .all(|(a, b)| (a - b).abs() <= tolerance);
-        if agrees {
-            kept.push(Some(*algo));
-        } else {
+        if !agrees {
             rejected += 1;
+        } else if graph::capture(gpu, || call(Some(algo), pws[0])).is_err() {
+            uncapturable += 1;
+        } else {
+            kept.push(Some(*algo));
         }
     }
 
@@ -386,6 +393,7 @@ pub fn tune_linear<T: GemmOutput>(
         through_lt,
         timed: kept.len(),
         rejected,
+        uncapturable,
     })
 }
 
