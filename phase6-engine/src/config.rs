@@ -61,7 +61,8 @@ pub struct Config {
     pub tensor_parallel_size: usize,
     /// Run decode without CUDA graphs (for debugging).
     pub enforce_eager: bool,
-    /// Choose each decode GEMM's cuBLASLt algorithm by timing at start (CUDA graphs only).
+    /// Choose each decode GEMM's cuBLASLt algorithm by timing at start (CUDA graphs only;
+    /// experimental, off by default).
     pub tune_gemms: bool,
     /// Tokens per KV page; a multiple of 16.
     pub kvcache_block_size: usize,
@@ -87,7 +88,7 @@ impl Default for Config {
             gpu_memory_utilization: 0.9,
             tensor_parallel_size: 1,
             enforce_eager: false,
-            tune_gemms: true,
+            tune_gemms: false,
             kvcache_block_size: 256,
             num_kvcache_blocks: -1,
             device: Device::Auto,

@@ -88,9 +88,9 @@ pub struct ModelArgs {
     /// Decode without CUDA graphs
     #[arg(long)]
     pub enforce_eager: bool,
-    /// Keep cuBLAS's default GEMM algorithms (skip timing cuBLASLt's at start)
+    /// Time cuBLASLt's GEMM algorithms at start and keep the fastest (experimental)
     #[arg(long)]
-    pub no_gemm_tuning: bool,
+    pub tune_gemms: bool,
     /// Seed for requests that bring none (default: random)
     #[arg(long)]
     pub engine_seed: Option<u64>,
@@ -105,7 +105,7 @@ impl ModelArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
             tensor_parallel_size: 1,
             enforce_eager: self.enforce_eager,
-            tune_gemms: !self.no_gemm_tuning,
+            tune_gemms: self.tune_gemms,
             kvcache_block_size: self.kvcache_block_size,
             num_kvcache_blocks: self.num_kvcache_blocks,
             device: self.device.parse::<Device>()?,

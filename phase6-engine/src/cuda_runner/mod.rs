@@ -59,7 +59,8 @@ pub struct CudaOptions {
     /// Launch every kernel of every step one by one (no CUDA graphs): for debugging.
     pub enforce_eager: bool,
     /// Before capturing the decode graphs, time cuBLASLt's algorithms for each bucket's GEMMs
-    /// and keep the fastest (see `kernels::gemm_tuning`); a few seconds at start.
+    /// and keep the fastest (see `kernels::gemm_tuning`); a few seconds at start. Off by
+    /// default: its gain is within run-to-run noise, and it is not yet proven on every model.
     pub tune_gemms: bool,
     /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
     /// with few queries is attended in several pieces at once so that it fills the GPU.
@@ -76,7 +77,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            tune_gemms: true,
+            tune_gemms: false,
             cascade_split_min_tokens: 1024,
         }
     }
