@@ -36,3 +36,40 @@ pub fn silu_mul(
     unsafe { launch.launch(grid((blocks, 1, 1), 256)) }.during(K)?;
     Ok(())
 }
+
+/// [`silu_mul`] with gate_up given as a split-K product's f32 partials (`partials: f32[splits,
+/// rows, 2 * inter]`, see [`crate::split_k`]), summed as they are read.
+pub fn silu_mul_splits(
+    gpu: &Gpu,
+    partials: &impl DevicePtr<f32>,
+    splits: usize,
+    out: &mut impl DevicePtrMut<bf16>,
+    rows: usize,
+    inter: usize,
+) -> Result<()> {
+    const K: &str = "silu_mul_splits";
+    check::multiple_of_8(K, "intermediate size", inter)?;
+    let stride = crate::split_k::check_partials(K, partials.len(), rows, 2 * inter, splits)?;
+    check::at_least(K, "output", out.len(), rows * inter)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let (pp, po) = (gpu.ptr(partials), gpu.ptr_mut(out));
+    check::aligned(K, "partials", pp)?;
+    check::aligned(K, "output", po)?;
+    let f = gpu.function(Source::SiluMul, "silu_mul_splits")?;
+    let chunks = rows * inter / 8;
+    let blocks = chunks.div_ceil(256).min(gpu.num_sms() * 8) as u32;
+    let (rows_arg, inter_arg) = (check::int(K, "rows", rows)?, check::int(K, "inter", inter)?);
+    let (splits_arg, stride_arg) = (splits as i32, stride as i64);
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch
+        .arg(&pp)
+        .arg(&splits_arg)
+        .arg(&stride_arg)
+        .arg(&po)
+        .arg(&rows_arg)
+        .arg(&inter_arg);
+    unsafe { launch.launch(grid((blocks, 1, 1), 256)) }.during(K)?;
+    Ok(())
+}

@@ -14,7 +14,8 @@
 //! | embedding, last-row pick            | [`gather`]    | coalesced 16-byte copies              |
 //! | RMSNorm, residual add + RMSNorm     | [`norm`]      | block reductions, fusion              |
 //! | QKV projection, MLP, lm_head        | [`linear`]    | cuBLAS GEMM, fused weights            |
-//! | the same, in a decode step          | [`gemm_tuning`]| cuBLASLt algorithms chosen by timing |
+//! | the same, in a decode step          | [`split_k`]   | split-K: enough tiles for thin GEMMs  |
+//! | the same, tuned (opt-in)            | [`gemm_tuning`]| cuBLASLt algorithms chosen by timing |
 //! | q/k norm, RoPE, KV store            | [`rope`]      | paged KV writes (vLLM)                |
 //! | prefill attention                   | [`prefill`]   | FlashAttention-2 on tensor cores      |
 //! | decode attention                    | [`decode`]    | bandwidth-bound paged decode, split-K |
@@ -42,6 +43,7 @@ pub mod paged;
 pub mod prefill;
 pub mod rope;
 pub mod sampling;
+pub mod split_k;
 
 pub use compile::{Arch, Compiler};
 pub use device::Gpu;

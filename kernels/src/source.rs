@@ -15,10 +15,11 @@ pub enum Source {
     SiluMul,
     Sampling,
     Bias,
+    SplitK,
 }
 
 impl Source {
-    pub const ALL: [Source; 9] = [
+    pub const ALL: [Source; 10] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
@@ -28,6 +29,7 @@ impl Source {
         Source::SiluMul,
         Source::Sampling,
         Source::Bias,
+        Source::SplitK,
     ];
 
     pub fn file(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Source {
             Source::SiluMul => "silu_mul.cu",
             Source::Sampling => "sampling.cu",
             Source::Bias => "bias.cu",
+            Source::SplitK => "split_k.cu",
         }
     }
 
@@ -55,6 +58,7 @@ impl Source {
             Source::SiluMul => include_str!("cuda/silu_mul.cu"),
             Source::Sampling => include_str!("cuda/sampling.cu"),
             Source::Bias => include_str!("cuda/bias.cu"),
+            Source::SplitK => include_str!("cuda/split_k.cu"),
         }
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kernels::{activation, gather, gemm_tuning, linear, norm};
+use kernels::{activation, gather, gemm_tuning, linear, norm, split_k};
 
 #[test]
 fn embedding_and_gather_rows_copy_exactly() {
@@ -258,4 +258,94 @@ fn tuned_linear_agrees_with_the_reference() {
 
     let empty: [&kernels::CudaSlice<kernels::bf16>; 0] = [];
     assert!(gemm_tuning::tune_linear(&gpu, &empty, &d_x, &mut d_y, tokens, out, inp).is_err());
+}
+
+#[test]
+fn split_k_partials_and_their_fused_consumers() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(8);
+    let eps = 1e-6;
+    // (tokens, out_features, in_features, splits): o_proj-, down- and gate_up-like products.
+    for (tokens, out, inp, splits) in [(5, 256, 512, 4), (33, 512, 768, 3), (1, 384, 256, 16)] {
+        let x = to_bf16(&rng.normals(tokens * inp, 1.0));
+        let w = to_bf16(&rng.normals(out * inp, 0.05));
+        let (d_x, d_w) = (gpu.upload(&x).unwrap(), gpu.upload(&w).unwrap());
+        let (xw, ww) = (wide(&x), wide(&w));
+        let product: Vec<f64> = (0..tokens * out)
+            .map(|i| {
+                let (t, o) = (i / out, i % out);
+                (0..inp).map(|j| xw[t * inp + j] * ww[o * inp + j]).sum()
+            })
+            .collect();
+        let what = format!("{tokens}x{out}x{inp} in {splits} splits");
+
+        let mut d_parts = gpu.upload(&poison_f32(splits * tokens * out)).unwrap();
+        split_k::linear_partials(&gpu, &d_x, &d_w, &mut d_parts, tokens, out, inp, splits).unwrap();
+        let parts = gpu.download(&d_parts).unwrap();
+        let range = inp / splits;
+        let first: Vec<f64> = (0..tokens * out)
+            .map(|i| {
+                let (t, o) = (i / out, i % out);
+                (0..range).map(|j| xw[t * inp + j] * ww[o * inp + j]).sum()
+            })
+            .collect();
+        let got: Vec<f64> = parts[..tokens * out].iter().map(|&v| v as f64).collect();
+        assert_close(&format!("first partial, {what}"), &got, &first, 1e-4);
+
+        let mut d_y = gpu.upload(&poison_bf16(tokens * out)).unwrap();
+        split_k::sum_splits(&gpu, &d_parts, &mut d_y, tokens, out, splits).unwrap();
+        let y = wide(&gpu.download(&d_y).unwrap());
+        assert_close(&format!("sum_splits, {what}"), &y, &product, BF16_TOL);
+
+        // The fused add + RMSNorm: as add_rms_norm on the bf16 product.
+        let res = to_bf16(&rng.normals(tokens * out, 1.0));
+        let g = to_bf16(&rng.normals(out, 0.5));
+        let d_g = gpu.upload(&g).unwrap();
+        let mut d_res = gpu.upload(&res).unwrap();
+        let mut d_x2 = gpu.upload(&poison_bf16(tokens * out)).unwrap();
+        norm::add_split_rms_norm(
+            &gpu, &d_parts, splits, &mut d_x2, &mut d_res, &d_g, tokens, out, eps,
+        )
+        .unwrap();
+        let sum: Vec<f64> = product.iter().zip(wide(&res)).map(|(a, b)| a + b).collect();
+        let new_res = wide(&gpu.download(&d_res).unwrap());
+        assert_close(&format!("split residual sum, {what}"), &new_res, &sum, 1e-2);
+        let gw = wide(&g);
+        let reference: Vec<f64> = (0..tokens)
+            .flat_map(|r| rms_reference(&sum[r * out..(r + 1) * out], &gw, eps as f64))
+            .collect();
+        let new_x = wide(&gpu.download(&d_x2).unwrap());
+        assert_close(
+            &format!("add_split_rms_norm, {what}"),
+            &new_x,
+            &reference,
+            BF16_TOL,
+        );
+
+        // SiLU(gate) * up, the product's columns read as [gate | up].
+        let inter = out / 2;
+        let mut d_act = gpu.upload(&poison_bf16(tokens * inter)).unwrap();
+        activation::silu_mul_splits(&gpu, &d_parts, splits, &mut d_act, tokens, inter).unwrap();
+        let act = wide(&gpu.download(&d_act).unwrap());
+        let reference: Vec<f64> = (0..tokens * inter)
+            .map(|i| {
+                let (r, c) = (i / inter, i % inter);
+                let (a, b) = (product[r * out + c], product[r * out + inter + c]);
+                a / (1.0 + (-a).exp()) * b
+            })
+            .collect();
+        assert_close(
+            &format!("silu_mul_splits, {what}"),
+            &act,
+            &reference,
+            BF16_TOL,
+        );
+    }
+    // Ranges must be whole multiples of 8.
+    let (d_x, d_w) = (
+        gpu.zeros::<kernels::bf16>(64).unwrap(),
+        gpu.zeros(64).unwrap(),
+    );
+    let mut d_p = gpu.zeros::<f32>(64).unwrap();
+    assert!(split_k::linear_partials(&gpu, &d_x, &d_w, &mut d_p, 1, 1, 64, 16).is_err());
 }

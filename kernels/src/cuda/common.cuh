@@ -61,3 +61,20 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     for (int w = 0; w < warps; ++w) total += scratch[w];
     return total;
 }
+
+// The 8 values at `offset` of a split-K product (see split_k.cu): the sum of its `splits` f32
+// partials, `split_stride` floats apart, rounded to bf16 and back, as a bf16 GEMM output would
+// have been.
+__device__ __forceinline__ void split_sum_chunk(const float* __restrict__ partials, int splits,
+                                                long long split_stride, long long offset,
+                                                float y[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float4* p = reinterpret_cast<const float4*>(partials + s * split_stride + offset);
+        const float4 a = p[0], b = p[1];
+        y[0] += a.x; y[1] += a.y; y[2] += a.z; y[3] += a.w;
+        y[4] += b.x; y[5] += b.y; y[6] += b.z; y[7] += b.w;
+    }
+    chunk_to_float(float_to_chunk(y), y);
+}

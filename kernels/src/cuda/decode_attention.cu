@@ -70,9 +70,15 @@ __device__ __forceinline__ void decode_attention(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ts = lane / LPT, dc = lane % LPT;  // token slot in the warp, chunk of the row
 
+    // Units run up to the last valid slot of the last entry: the empty end of a sequence's last
+    // page is not walked, so the splits share out only slots that hold tokens.
     const int e0 = kv_indptr[seq];
     const int num_entries = kv_indptr[seq + 1] - e0;
-    const int units = ((num_entries << page_shift) + CH - 1) / CH;
+    const int last_end =
+        num_entries > 0
+            ? ((num_entries - 1) << page_shift) + min(kv_page_lens[e0 + num_entries - 1], page_size)
+            : 0;
+    const int units = (last_end + CH - 1) / CH;
     const int per_split = (units + num_splits - 1) / num_splits;
     const int u_begin = split * per_split;
     const int u_end = min(units, u_begin + per_split);

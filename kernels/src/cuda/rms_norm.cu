@@ -40,21 +40,19 @@ extern "C" __global__ void rms_norm(const bf16* __restrict__ x,
     scale_row(row, w, out + (size_t)blockIdx.x * hidden, chunks, inv_rms);
 }
 
-// residual and x are both updated in place. The sum is rounded to bf16 before it is stored and
-// normalised, exactly as a framework that keeps the residual stream in bf16 does.
-extern "C" __global__ void add_rms_norm(bf16* __restrict__ x,
-                                        bf16* __restrict__ residual,
-                                        const bf16* __restrict__ w,
-                                        int hidden,
-                                        float eps) {
-    __shared__ float scratch[32];
-    bf16* xrow = x + (size_t)blockIdx.x * hidden;
-    bf16* rrow = residual + (size_t)blockIdx.x * hidden;
+// residual += x, then x = rmsnorm(residual) * w, for one row; `load_x(c, a)` gives chunk c of
+// x as floats. The sum is rounded to bf16 before it is stored and normalised, exactly as a
+// framework that keeps the residual stream in bf16 does.
+template <typename LoadX>
+__device__ __forceinline__ void add_rms_norm_row(LoadX load_x, bf16* __restrict__ xrow,
+                                                 bf16* __restrict__ rrow,
+                                                 const bf16* __restrict__ w, int hidden,
+                                                 float eps, float* scratch) {
     const int chunks = hidden / 8;
     float sq = 0.f;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
         float a[8], b[8];
-        chunk_to_float(reinterpret_cast<const uint4*>(xrow)[c], a);
+        load_x(c, a);
         chunk_to_float(reinterpret_cast<const uint4*>(rrow)[c], b);
 #pragma unroll
         for (int i = 0; i < 8; ++i) b[i] += a[i];
@@ -67,4 +65,37 @@ extern "C" __global__ void add_rms_norm(bf16* __restrict__ x,
     const float inv_rms = rsqrtf(block_sum(sq, scratch) / hidden + eps);
     // Each thread re-reads only the chunks it wrote itself, so no barrier is needed here.
     scale_row(rrow, w, xrow, chunks, inv_rms);
+}
+
+// residual and x are both updated in place.
+extern "C" __global__ void add_rms_norm(bf16* __restrict__ x,
+                                        bf16* __restrict__ residual,
+                                        const bf16* __restrict__ w,
+                                        int hidden,
+                                        float eps) {
+    __shared__ float scratch[32];
+    bf16* xrow = x + (size_t)blockIdx.x * hidden;
+    bf16* rrow = residual + (size_t)blockIdx.x * hidden;
+    const auto load_x = [&](int c, float a[8]) {
+        chunk_to_float(reinterpret_cast<const uint4*>(xrow)[c], a);
+    };
+    add_rms_norm_row(load_x, xrow, rrow, w, hidden, eps, scratch);
+}
+
+// The same with x given as a split-K product's f32 partials (split_k.cu): the partials are
+// summed as they are read, so the split product costs no pass of its own. x is written.
+extern "C" __global__ void add_split_rms_norm(const float* __restrict__ partials,
+                                              int splits,
+                                              long long split_stride,
+                                              bf16* __restrict__ x,
+                                              bf16* __restrict__ residual,
+                                              const bf16* __restrict__ w,
+                                              int hidden,
+                                              float eps) {
+    __shared__ float scratch[32];
+    const long long row0 = (long long)blockIdx.x * hidden;
+    const auto load_x = [&](int c, float a[8]) {
+        split_sum_chunk(partials, splits, split_stride, row0 + c * 8, a);
+    };
+    add_rms_norm_row(load_x, x + row0, residual + row0, w, hidden, eps, scratch);
 }

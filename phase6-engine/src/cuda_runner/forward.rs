@@ -14,7 +14,7 @@ use kernels::prefill::{self, PrefillQueries};
 use kernels::rope::{self, RopeStore};
 use kernels::{
     CudaSlice, CudaView, CudaViewMut, DevicePtrMut, Gpu, Result, activation, bf16, gather, linear,
-    norm,
+    norm, split_k,
 };
 use phase2::ModelConfig;
 
@@ -124,6 +124,8 @@ pub(crate) struct Activations {
     attn: CudaSlice<bf16>,
     /// silu(gate) * up `[tokens, intermediate]`.
     act: CudaSlice<bf16>,
+    /// Split-K partials of o_proj or down, when a thin step splits them (`kernels::split_k`).
+    partials: CudaSlice<f32>,
     /// Log-sum-exp of each (token, head) of `attn`, kept when a cascade merges into it.
     lse: CudaSlice<f32>,
     part_q: CudaSlice<bf16>,
@@ -157,6 +159,7 @@ impl Activations {
         let part_o = bf(tokens * qw)?;
         let last = bf(seqs * m.hidden)?;
         bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs) + 4 * split_rows * (m.head_dim + 1);
+        bytes += 4 * split_k::MAX_PARTIALS;
         Ok(Self {
             resid,
             hidden,
@@ -164,6 +167,7 @@ impl Activations {
             q,
             attn,
             act,
+            partials: gpu.zeros(split_k::MAX_PARTIALS)?,
             lse: gpu.zeros(tokens * hq)?,
             part_q,
             part_o,
@@ -229,18 +233,22 @@ pub(crate) fn run(
 ) -> Result<()> {
     let t = s.ids.len();
     gather::embedding(gpu, &s.ids, &w.embed, m.vocab, &mut a.resid, m.hidden)?;
+    let mut mlp_out = None;
     for (l, layer) in w.layers.iter().enumerate() {
-        decoder_layer(gpu, m, l, layer, a, kv, s)?;
+        mlp_out = Some(decoder_layer(gpu, m, l, layer, a, kv, s, mlp_out)?);
     }
-    norm::add_rms_norm(
-        gpu,
-        &mut a.hidden,
-        &mut a.resid,
-        &w.final_norm,
-        t,
-        m.hidden,
-        m.eps,
-    )?;
+    match mlp_out {
+        Some(out) => add_norm(gpu, m, a, out, &w.final_norm, t)?,
+        None => norm::rms_norm(
+            gpu,
+            &a.resid,
+            &w.final_norm,
+            &mut a.hidden,
+            t,
+            m.hidden,
+            m.eps,
+        )?,
+    }
     let rows = s.sample_rows.len();
     gather::gather_rows(gpu, &a.hidden, t, &s.sample_rows, &mut a.last, m.hidden)?;
     linear::linear(
@@ -254,8 +262,64 @@ pub(crate) fn run(
     )
 }
 
-/// One decoder layer over all rows: `a.hidden` holds the previous layer's MLP output (or, for
-/// layer 0, nothing: the embedding is in `a.resid`) and ends holding this layer's.
+/// Where a product of width `hidden` (o_proj, down) left its output for the add + RMSNorm
+/// after it: whole in `a.hidden`, or as split-K partials in `a.partials`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HiddenOut {
+    splits: usize,
+}
+
+/// `x · w^T` of width `hidden` for the next [`add_norm`]: split-K when the step is thin (few
+/// rows make too few output tiles to fill the GPU, see `kernels::split_k`).
+fn hidden_product(
+    gpu: &Gpu,
+    m: &Dims,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    in_features: usize,
+    out: (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
+    t: usize,
+) -> Result<HiddenOut> {
+    let h = m.hidden;
+    let splits = split_k::num_splits(t, h, in_features);
+    if splits > 1 {
+        split_k::linear_partials(gpu, x, w, out.1, t, h, in_features, splits)?;
+    } else {
+        linear::linear(gpu, x, w, out.0, t, h, in_features)?;
+    }
+    Ok(HiddenOut { splits })
+}
+
+/// `a.resid += product; a.hidden = rms_norm(a.resid) * weight`, the product read from where
+/// [`hidden_product`] left it.
+fn add_norm(
+    gpu: &Gpu,
+    m: &Dims,
+    a: &mut Activations,
+    product: HiddenOut,
+    weight: &CudaSlice<bf16>,
+    t: usize,
+) -> Result<()> {
+    let (h, eps) = (m.hidden, m.eps);
+    match product.splits {
+        1 => norm::add_rms_norm(gpu, &mut a.hidden, &mut a.resid, weight, t, h, eps),
+        n => norm::add_split_rms_norm(
+            gpu,
+            &a.partials,
+            n,
+            &mut a.hidden,
+            &mut a.resid,
+            weight,
+            t,
+            h,
+            eps,
+        ),
+    }
+}
+
+/// One decoder layer over all rows: `prev` is the previous layer's MLP output (`None` for
+/// layer 0: the embedding is in `a.resid`); returns where this layer's is.
+#[allow(clippy::too_many_arguments)]
 fn decoder_layer(
     gpu: &Gpu,
     m: &Dims,
@@ -264,13 +328,13 @@ fn decoder_layer(
     a: &mut Activations,
     kv: &mut KvCache,
     s: &StepInputs<'_>,
-) -> Result<()> {
+    prev: Option<HiddenOut>,
+) -> Result<HiddenOut> {
     let (t, h) = (s.ids.len(), m.hidden);
     // BEGIN SOLUTION
-    if l == 0 {
-        norm::rms_norm(gpu, &a.resid, &w.input_norm, &mut a.hidden, t, h, m.eps)?;
-    } else {
-        norm::add_rms_norm(gpu, &mut a.hidden, &mut a.resid, &w.input_norm, t, h, m.eps)?;
+    match prev {
+        None => norm::rms_norm(gpu, &a.resid, &w.input_norm, &mut a.hidden, t, h, m.eps)?,
+        Some(out) => add_norm(gpu, m, a, out, &w.input_norm, t)?,
     }
     linear::linear(gpu, &a.hidden, &w.qkv, &mut a.wide, t, m.qkv_width(), h)?;
     if let Some(bias) = &w.qkv_bias {
@@ -291,11 +355,13 @@ fn decoder_layer(
         rope::qk_norm_rope_store(gpu, &a.wide, &rope, shape, &mut a.q, &mut k, &mut v)?;
     }
     attention(gpu, m, l, a, kv, s)?;
-    linear::linear(gpu, &a.attn, &w.o_proj, &mut a.hidden, t, h, m.q_width())?;
-    norm::add_rms_norm(gpu, &mut a.hidden, &mut a.resid, &w.post_norm, t, h, m.eps)?;
+    let out = (&mut a.hidden, &mut a.partials);
+    let attn_out = hidden_product(gpu, m, &a.attn, &w.o_proj, m.q_width(), out, t)?;
+    add_norm(gpu, m, a, attn_out, &w.post_norm, t)?;
     linear::linear(gpu, &a.hidden, &w.gate_up, &mut a.wide, t, 2 * m.inter, h)?;
     activation::silu_mul(gpu, &a.wide, &mut a.act, t, m.inter)?;
-    linear::linear(gpu, &a.act, &w.down, &mut a.hidden, t, h, m.inter)
+    let out = (&mut a.hidden, &mut a.partials);
+    hidden_product(gpu, m, &a.act, &w.down, m.inter, out, t)
     // END SOLUTION
 }
 
