@@ -187,6 +187,24 @@ impl Gpu {
         Ok(host)
     }
 
+    /// Copies a device buffer into the start of a pinned host buffer and waits for it. A decode
+    /// step reads back a few hundred token ids every few milliseconds: from pinned memory the
+    /// copy engine writes them directly, without a bounce through a driver buffer.
+    pub fn download_pinned<'h, T: DeviceRepr + ValidAsZeroBits, S: DevicePtr<T>>(
+        &self,
+        device: &S,
+        host: &'h mut PinnedHostSlice<T>,
+    ) -> Result<&'h [T]> {
+        crate::check::at_least("download_pinned", "host buffer", host.len(), device.len())?;
+        self.stream
+            .memcpy_dtoh(device, host)
+            .during("copying to the host")?;
+        self.synchronize()?;
+        let n = device.len();
+        let all = host.as_slice().during("reading pinned host memory")?;
+        Ok(&all[..n])
+    }
+
     pub(crate) fn module(&self, source: Source) -> Result<&Arc<CudaModule>> {
         let slot = &self.modules[source.index()];
         if let Some(module) = slot.get() {

@@ -190,7 +190,7 @@ fn scheduler_trace_snapshot() {
             lines.push(format!(
                 "{:>2}: {:<40} free {} {}",
                 step,
-                out.plan,
+                out.plan.to_string(),
                 e.scheduler().pool().num_free(),
                 if done.is_empty() {
                     String::new()

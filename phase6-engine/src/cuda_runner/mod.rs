@@ -18,7 +18,7 @@ mod weights;
 use std::fmt;
 
 use kernels::paged::CacheShape;
-use kernels::{Gpu, decode, sampling};
+use kernels::{Gpu, PinnedHostSlice, decode, sampling};
 use phase0::TokenId;
 use phase1::{BlockTable, KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
@@ -162,6 +162,8 @@ pub struct CudaRunner {
     act: Activations,
     kv: KvCache,
     staging: Staging,
+    /// Where sampled token ids come back to (pinned: see `Gpu::download_pinned`).
+    sampled_host: PinnedHostSlice<u32>,
     graphs: Option<DecodeGraphs>,
     options: CudaOptions,
     memory: MemoryReport,
@@ -279,6 +281,7 @@ impl CudaRunner {
                 .and_then(|g| g.tuning_skipped().map(str::to_owned)),
             graph_bytes: before.saturating_sub(after).saturating_sub(tuned_workspace),
         };
+        let sampled_host = gpu.pinned(options.max_num_seqs).map_err(device_error)?;
         Ok(Self {
             gpu,
             dims,
@@ -287,6 +290,7 @@ impl CudaRunner {
             act,
             kv,
             staging,
+            sampled_host,
             graphs,
             options,
             memory,
@@ -504,7 +508,8 @@ impl ModelRunner for CudaRunner {
             0 => Ok(Vec::new()),
             n => self
                 .gpu
-                .download(&self.act.sampled.slice(..n))
+                .download_pinned(&self.act.sampled.slice(..n), &mut self.sampled_host)
+                .map(<[u32]>::to_vec)
                 .map_err(device_error),
         }
     }
