@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use phase0::{Batch, FinishReason, Request, SamplingParams, SeqId, Sequence, SequenceStatus, TokenId};
+use phase0::{
+    Batch, FinishReason, Request, SamplingParams, SeqId, Sequence, SequenceStatus, TokenId,
+};
 use phase1::{BlockTable, KvPool};
 use phase2::{Error, ModelRunner, SeqState};
 
