@@ -14,6 +14,10 @@ use phase2::{Error, ForwardBatch, Logits, ModelRunner};
 use phase5::{Batching, Engine, SchedulerConfig};
 use phase6::workload::WorkloadSpec;
 
+/// The allocator `nanoserve` uses, so that this measures the same host time.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Qwen3-0.6B's KV shape and vocabulary, the KV cache of an H100 run (2,482 pages of 256),
 /// and no model: every sampling sequence gets token 7.
 struct NullRunner;
