@@ -7,8 +7,7 @@
 //! call, makes S times the tiles; each range writes f32 partial sums
 //! `partials[s] = x[:, range s] · w[:, range s]^T`, `[tokens, out_features]` each. The partials
 //! are small enough to stay in L2, and the next kernel adds them as it reads its input
-//! ([`sum_splits`], or the fused ones: [`crate::norm::add_split_rms_norm`],
-//! [`crate::activation::silu_mul_splits`]).
+//! ([`crate::norm::add_split_rms_norm`] in the engine; [`sum_splits`] for any other consumer).
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};

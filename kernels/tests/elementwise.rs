@@ -321,25 +321,6 @@ fn split_k_partials_and_their_fused_consumers() {
             &reference,
             BF16_TOL,
         );
-
-        // SiLU(gate) * up, the product's columns read as [gate | up].
-        let inter = out / 2;
-        let mut d_act = gpu.upload(&poison_bf16(tokens * inter)).unwrap();
-        activation::silu_mul_splits(&gpu, &d_parts, splits, &mut d_act, tokens, inter).unwrap();
-        let act = wide(&gpu.download(&d_act).unwrap());
-        let reference: Vec<f64> = (0..tokens * inter)
-            .map(|i| {
-                let (r, c) = (i / inter, i % inter);
-                let (a, b) = (product[r * out + c], product[r * out + inter + c]);
-                a / (1.0 + (-a).exp()) * b
-            })
-            .collect();
-        assert_close(
-            &format!("silu_mul_splits, {what}"),
-            &act,
-            &reference,
-            BF16_TOL,
-        );
     }
     // Ranges must be whole multiples of 8.
     let (d_x, d_w) = (

@@ -4,13 +4,6 @@
 //
 // A grid-stride loop over 16-byte chunks of the output: each thread reads one chunk of gate
 // and the matching chunk of up, and writes one chunk of the result.
-__device__ __forceinline__ uint4 silu_mul_chunk(const float g[8], const float u[8]) {
-    float y[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = g[k] / (1.f + expf(-g[k])) * u[k];
-    return float_to_chunk(y);
-}
-
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up,
                                     bf16* __restrict__ out,
                                     int rows,
@@ -22,29 +15,11 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up,
         const size_t row = i / chunks_per_row;
         const int c = (int)(i % chunks_per_row);
         const uint4* in = reinterpret_cast<const uint4*>(gate_up + row * 2 * inter);
-        float g[8], u[8];
+        float g[8], u[8], y[8];
         chunk_to_float(in[c], g);
         chunk_to_float(in[chunks_per_row + c], u);
-        reinterpret_cast<uint4*>(out + row * inter)[c] = silu_mul_chunk(g, u);
-    }
-}
-
-// The same with gate_up given as a split-K product's f32 partials (split_k.cu), summed as read.
-extern "C" __global__ void silu_mul_splits(const float* __restrict__ partials,
-                                           int splits,
-                                           long long split_stride,
-                                           bf16* __restrict__ out,
-                                           int rows,
-                                           int inter) {
-    const int chunks_per_row = inter / 8;
-    const long long total = (long long)rows * chunks_per_row;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / chunks_per_row;
-        const int c = (int)(i % chunks_per_row);
-        float g[8], u[8];
-        split_sum_chunk(partials, splits, split_stride, row * 2 * inter + c * 8, g);
-        split_sum_chunk(partials, splits, split_stride, row * 2 * inter + inter + c * 8, u);
-        reinterpret_cast<uint4*>(out + row * inter)[c] = silu_mul_chunk(g, u);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] = g[k] / (1.f + expf(-g[k])) * u[k];
+        reinterpret_cast<uint4*>(out + row * inter)[c] = float_to_chunk(y);
     }
 }

@@ -5,8 +5,8 @@
 // 128 x 64 for 132 SMs. Cutting K into S ranges and running one GEMM per range (one strided-
 // batched cuBLAS call) gives S times the tiles; each writes f32 partial sums
 //     partials[s][row][col] = sum over k in range s of x[row][k] * w[col][k]
-// and the consumer adds the S partials as it reads them (sum_splits below, or the add+RMSNorm
-// and SiLU kernels, which read them instead of a bf16 product).
+// and the consumer adds the S partials as it reads them (the add + RMSNorm kernel reads them
+// instead of a bf16 product; sum_splits below serves any other consumer).
 
 // Grid-stride over 16-byte chunks of the output: each thread sums one chunk of every split.
 extern "C" __global__ void sum_splits(const float* __restrict__ partials,
