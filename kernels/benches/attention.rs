@@ -3,8 +3,11 @@
 //! from CUDA events around many launches; a summary table is printed at the end. Without a GPU
 //! it says so and exits.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{device_time, fill, time};
 use criterion::{Criterion, Throughput};
 use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
@@ -15,19 +18,6 @@ use kernels::{CudaSlice, Gpu, bf16};
 const HQ: usize = 16;
 const HKV: usize = 8;
 const D: usize = 128;
-
-/// Random-looking bf16 of magnitude 2^-7..2 without the cost of a normal generator.
-fn fill(n: usize, seed: u64) -> Vec<bf16> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bf16::from_bits(0x3c00 | (x as u16 & 0x83ff))
-        })
-        .collect()
-}
 
 struct Setup {
     k: CudaSlice<bf16>,
@@ -82,29 +72,6 @@ impl Setup {
             sm_scale: 1.0 / (D as f32).sqrt(),
         }
     }
-}
-
-/// Device time of `iters` calls of `f`, between two CUDA events.
-fn device_time(gpu: &Gpu, iters: u64, f: &mut impl FnMut()) -> Duration {
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = gpu.stream().record_event(timing).unwrap();
-    for _ in 0..iters {
-        f();
-    }
-    let end = gpu.stream().record_event(timing).unwrap();
-    end.synchronize().unwrap();
-    Duration::from_secs_f64(start.elapsed_ms(&end).unwrap() as f64 / 1e3)
-}
-
-/// Median seconds per call of `f` over 15 batches of 10 calls, after a warm-up call.
-fn time(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
-    f();
-    gpu.synchronize().unwrap();
-    let mut samples: Vec<f64> = (0..15)
-        .map(|_| device_time(gpu, 10, f).as_secs_f64() / 10.0)
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
 }
 
 /// What decode attention is measured against: a kernel that only reads a 4 GiB buffer in 16-byte

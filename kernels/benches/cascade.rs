@@ -11,6 +11,9 @@
 //! inside the timed region) and merges the parts. Times are device times between CUDA events,
 //! the median of 15 batches of 10 calls. Without a GPU it says so and exits.
 
+mod common;
+
+use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
 use kernels::merge::{PartialState, merge_state};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
@@ -22,39 +25,6 @@ const HKV: usize = 8;
 const D: usize = 128;
 const PAGE: usize = 16;
 const SUFFIX: usize = 64;
-
-/// Random-looking bf16 of magnitude 2^-7..2 without the cost of a normal generator.
-fn fill(n: usize, seed: u64) -> Vec<bf16> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bf16::from_bits(0x3c00 | (x as u16 & 0x83ff))
-        })
-        .collect()
-}
-
-/// Device seconds per call of `f`: the median of 15 batches of 10 calls, after a warm-up.
-fn time(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    f();
-    gpu.synchronize().unwrap();
-    let mut samples: Vec<f64> = (0..15)
-        .map(|_| {
-            let start = gpu.stream().record_event(timing).unwrap();
-            for _ in 0..10 {
-                f();
-            }
-            let end = gpu.stream().record_event(timing).unwrap();
-            end.synchronize().unwrap();
-            start.elapsed_ms(&end).unwrap() as f64 / 1e3 / 10.0
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
 
 /// One shape's K/V cache: the prefix's pages first, then each request's own pages.
 struct Cache {

@@ -6,30 +6,18 @@
 //! count the GEMM alone (the engine sums the partials inside the next kernel) and, in brackets,
 //! with a separate `sum_splits` pass. Without a GPU it says so and exits.
 
+mod common;
+
+use common::fill;
 use kernels::split_k::{self, linear_partials, sum_splits};
 use kernels::{CudaSlice, Gpu, bf16, graph, linear};
 
 const LAYERS: usize = 28;
 const HIDDEN: usize = 1024;
 
-/// Random-looking bf16 of magnitude 2^-7..2 without the cost of a normal generator.
-fn fill(n: usize, seed: u64) -> Vec<bf16> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bf16::from_bits(0x3c00 | (x as u16 & 0x83ff))
-        })
-        .collect()
-}
-
 /// Device seconds per call of `f`, recorded once into a CUDA graph as a decode step is (launched
-/// one by one, a few-microsecond product would time the host's launch rate): the median of 15
-/// batches of 10 replays, after a warm-up.
-fn time(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+/// one by one, a few-microsecond product would time the host's launch rate).
+fn time_in_graph(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
     f();
     gpu.synchronize().unwrap();
     let graph = graph::capture(gpu, || {
@@ -37,21 +25,7 @@ fn time(gpu: &Gpu, f: &mut impl FnMut()) -> f64 {
         Ok(())
     })
     .unwrap();
-    graph.launch().unwrap();
-    gpu.synchronize().unwrap();
-    let mut samples: Vec<f64> = (0..15)
-        .map(|_| {
-            let start = gpu.stream().record_event(timing).unwrap();
-            for _ in 0..10 {
-                graph.launch().unwrap();
-            }
-            let end = gpu.stream().record_event(timing).unwrap();
-            end.synchronize().unwrap();
-            start.elapsed_ms(&end).unwrap() as f64 / 1e3 / 10.0
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    common::time(gpu, &mut || graph.launch().unwrap())
 }
 
 fn main() {
@@ -91,7 +65,7 @@ fn main() {
             .unwrap();
         let gb = (out * inp * 2) as f64 / 1e9;
         for rows in rows_list {
-            let plain = time(&gpu, &mut || {
+            let plain = time_in_graph(&gpu, &mut || {
                 for w in &weights {
                     linear::linear(&gpu, &x, w, &mut y, rows, out, inp).unwrap();
                 }
@@ -102,12 +76,12 @@ fn main() {
                 if !inp.is_multiple_of(8 * splits) {
                     continue;
                 }
-                let gemm = time(&gpu, &mut || {
+                let gemm = time_in_graph(&gpu, &mut || {
                     for w in &weights {
                         linear_partials(&gpu, &x, w, &mut parts, rows, out, inp, splits).unwrap();
                     }
                 }) / LAYERS as f64;
-                let with_sum = time(&gpu, &mut || {
+                let with_sum = time_in_graph(&gpu, &mut || {
                     for w in &weights {
                         linear_partials(&gpu, &x, w, &mut parts, rows, out, inp, splits).unwrap();
                         sum_splits(&gpu, &parts, &mut y, rows, out, splits).unwrap();
