@@ -396,8 +396,8 @@ pub(crate) fn copy_kv_rotated(
 
 /// Chooses the cuBLASLt algorithm of each product of a decode step of `rows` sequences by
 /// timing (see `kernels::gemm_tuning`), over the model's own weights. Returns what it found for
-/// the products every layer runs, and for the lm_head. The activation buffers are scratch here:
-/// they get a fixed pattern as input and are overwritten.
+/// the products every layer runs through `linear` at that size, and for the lm_head. The
+/// activation buffers are scratch here: they get a fixed pattern as input and are overwritten.
 pub(crate) fn tune_decode_gemms(
     gpu: &Gpu,
     m: &Dims,
@@ -417,7 +417,7 @@ pub(crate) fn tune_decode_gemms(
         w.layers.iter().map(pick).collect()
     };
     let (h, t) = (m.hidden, rows);
-    let per_layer = vec![
+    let mut per_layer = vec![
         tune_linear(
             gpu,
             &of(|l| &l.qkv),
@@ -436,7 +436,11 @@ pub(crate) fn tune_decode_gemms(
             2 * m.inter,
             h,
         )?,
-        tune_linear(
+    ];
+    // o_proj and down run split-K at the sizes where `hidden_product` splits them, never
+    // through `linear`: tuning them there would time kernels the step does not use.
+    if split_k::num_splits(t, h, m.q_width()) == 1 {
+        let o = tune_linear(
             gpu,
             &of(|l| &l.o_proj),
             &a.attn,
@@ -444,9 +448,13 @@ pub(crate) fn tune_decode_gemms(
             t,
             h,
             m.q_width(),
-        )?,
-        tune_linear(gpu, &of(|l| &l.down), &a.act, &mut a.hidden, t, h, m.inter)?,
-    ];
+        );
+        per_layer.push(o?);
+    }
+    if split_k::num_splits(t, h, m.inter) == 1 {
+        let down = tune_linear(gpu, &of(|l| &l.down), &a.act, &mut a.hidden, t, h, m.inter);
+        per_layer.push(down?);
+    }
     let lm_head = tune_linear(gpu, &[w.output()], &a.last, &mut a.logits, t, m.vocab, h)?;
     Ok((per_layer, lm_head))
 }
