@@ -36,7 +36,8 @@ pub use model::{Layer, Model};
 pub use paths::{default_model_dir, models_dir};
 pub use prefill_manager::{PrefillManager, SchedulerConfig};
 pub use runner::{
-    ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, SharedSegment, check_copy_kv,
+    ForwardBatch, ForwardSeq, Logits, ModelRunner, PENDING_TOKEN, SampleSpec, SharedSegment,
+    check_copy_kv,
 };
 pub use seq_state::SeqState;
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

@@ -120,6 +120,11 @@ impl Logits {
     }
 }
 
+/// The input token of a decode step launched while the step before it still runs (see
+/// [`ModelRunner::launch`]): "the token this sequence samples in the step launched just before",
+/// which only the device knows yet. It is never a real token id.
+pub const PENDING_TOKEN: TokenId = TokenId::MAX;
+
 /// A model that can run forward steps over paged KV.
 pub trait ModelRunner {
     /// The shape of one token's K/V: the engine sizes its page pool from it.
@@ -162,6 +167,27 @@ pub trait ModelRunner {
             .enumerate()
             .map(|(i, spec)| crate::sampler::sample(logits.row(i), &spec))
             .collect())
+    }
+
+    /// Whether [`ModelRunner::launch`] and [`ModelRunner::collect`] work: a runner that queues
+    /// work on a device and returns before it ran. Host runners compute in the call and say no.
+    fn can_overlap(&self) -> bool {
+        false
+    }
+
+    /// Queues a step like [`ModelRunner::forward_sample`] and returns before it has run;
+    /// [`ModelRunner::collect`] returns its tokens, oldest launched step first. While the device
+    /// computes step n the engine decides and launches step n+1 (SGLang's overlap scheduler),
+    /// whose decode inputs are then [`PENDING_TOKEN`]: the tokens step n samples, taken on the
+    /// device.
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        let _ = batch;
+        Err(Error::Device("this runner computes steps synchronously".into()))
+    }
+
+    /// Waits for the oldest launched step and returns its sampled tokens, in batch order.
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        Err(Error::Device("this runner computes steps synchronously".into()))
     }
 }
 
@@ -226,5 +252,17 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
 
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
         (**self).forward_sample(batch)
+    }
+
+    fn can_overlap(&self) -> bool {
+        (**self).can_overlap()
+    }
+
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        (**self).launch(batch)
+    }
+
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        (**self).collect()
     }
 }

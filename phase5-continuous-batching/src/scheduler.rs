@@ -221,6 +221,12 @@ impl Scheduler {
         // END SOLUTION
     }
 
+    /// Decides the step after `in_flight` before its tokens are known, when that step is
+    /// certain (see [`ChunkedScheduler::schedule_ahead`]); the engine's overlap scheduling.
+    pub fn schedule_ahead(&mut self, in_flight: &Scheduled) -> Option<Scheduled> {
+        self.inner.schedule_ahead(in_flight)
+    }
+
     /// Applies the sampled tokens of a step (see [`ChunkedScheduler::complete`]).
     pub fn complete(&mut self, scheduled: Scheduled, sampled: &[TokenId]) -> StepOutcome {
         self.inner.complete(scheduled, sampled)
