@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -203,6 +203,33 @@ impl Gpu {
         let n = device.len();
         let all = host.as_slice().during("reading pinned host memory")?;
         Ok(&all[..n])
+    }
+
+    /// Queues a copy of a device buffer into the start of a pinned host buffer and returns at
+    /// once. The host buffer holds the values once `done` (recorded here) has completed:
+    /// `done.synchronize()` waits for that. (This crate turns cudarc's own tracking of pinned
+    /// buffers off, so nothing else waits.)
+    pub fn queue_download<T: DeviceRepr + ValidAsZeroBits, S: DevicePtr<T>>(
+        &self,
+        device: &S,
+        host: &mut PinnedHostSlice<T>,
+        done: &CudaEvent,
+    ) -> Result<()> {
+        crate::check::at_least("queue_download", "host buffer", host.len(), device.len())?;
+        self.stream
+            .memcpy_dtoh(device, host)
+            .during("copying to the host")?;
+        self.record(done)
+    }
+
+    /// An event to mark a point in this stream's work with [`Gpu::record`].
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.ctx.new_event(None).during("creating an event")
+    }
+
+    /// Marks the work queued so far: `event.synchronize()` then waits until it has run.
+    pub fn record(&self, event: &CudaEvent) -> Result<()> {
+        event.record(&self.stream).during("recording an event")
     }
 
     pub(crate) fn module(&self, source: Source) -> Result<&Arc<CudaModule>> {

@@ -38,6 +38,34 @@ pub fn gather_rows(
     launch(gpu, "gather_rows", index, src, src_rows, out, width)
 }
 
+/// Marks an input id as "row `row` of the previous step's sampled ids" (see [`take_pending`]).
+pub const fn pending_id(row: u32) -> u32 {
+    0x8000_0000 | row
+}
+
+/// Replaces every [`pending_id`] in `ids` by the token `prev` holds at that row, on the device:
+/// the step decided while the one before it ran (overlap scheduling) reads the tokens that step
+/// sampled without a trip through the host.
+pub fn take_pending(
+    gpu: &Gpu,
+    ids: &mut impl DevicePtrMut<u32>,
+    prev: &impl DevicePtr<u32>,
+) -> Result<()> {
+    const K: &str = "take_pending_ids";
+    let n = check::int(K, "ids", ids.len())?;
+    let prev_rows = check::int(K, "previous ids", prev.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (pi, pp) = (gpu.ptr_mut(ids), gpu.ptr(prev));
+    let f = gpu.function(Source::GatherRows, K)?;
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch.arg(&pi).arg(&pp).arg(&n).arg(&prev_rows);
+    let blocks = (n as u32).div_ceil(128);
+    unsafe { launch.launch(grid((blocks, 1, 1), 128)) }.during(K)?;
+    Ok(())
+}
+
 fn launch(
     gpu: &Gpu,
     kernel: &'static str,

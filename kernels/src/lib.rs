@@ -51,7 +51,7 @@ pub use error::{Error, Result};
 pub use source::Source;
 
 pub use cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice,
-    ValidAsZeroBits,
+    CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 pub use half::bf16;

@@ -182,12 +182,16 @@ pub trait ModelRunner {
     /// device.
     fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
         let _ = batch;
-        Err(Error::Device("this runner computes steps synchronously".into()))
+        Err(Error::Device(
+            "this runner computes steps synchronously".into(),
+        ))
     }
 
     /// Waits for the oldest launched step and returns its sampled tokens, in batch order.
     fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
-        Err(Error::Device("this runner computes steps synchronously".into()))
+        Err(Error::Device(
+            "this runner computes steps synchronously".into(),
+        ))
     }
 }
 

@@ -28,7 +28,10 @@ impl Scheduled {
         if self.decodes.iter().all(|&id| keep(id)) {
             return;
         }
-        debug_assert!(self.chunks.is_empty(), "only decode-only steps are decided ahead");
+        debug_assert!(
+            self.chunks.is_empty(),
+            "only decode-only steps are decided ahead"
+        );
         let mut tokens = sampled.iter().copied();
         let mut kept_tokens = Vec::with_capacity(sampled.len());
         let mut plan = Batch::new();

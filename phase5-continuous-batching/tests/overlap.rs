@@ -62,14 +62,20 @@ impl ModelRunner for Queued {
         for s in &mut batch.seqs {
             for t in &mut s.tokens {
                 if *t == PENDING_TOKEN {
-                    *t = *self.last.get(&s.seq_id).expect("sampled in the step before");
+                    *t = *self
+                        .last
+                        .get(&s.seq_id)
+                        .expect("sampled in the step before");
                     self.pending_inputs += 1;
                 }
             }
         }
         let tokens = self.inner.forward_sample(&batch)?;
         let sampling = batch.seqs.iter().filter(|s| s.sample.is_some());
-        self.last = sampling.map(|s| s.seq_id).zip(tokens.iter().copied()).collect();
+        self.last = sampling
+            .map(|s| s.seq_id)
+            .zip(tokens.iter().copied())
+            .collect();
         self.done.push_back(tokens);
         self.launches += 1;
         Ok(())
@@ -190,5 +196,8 @@ fn decode_stretches_are_launched_ahead() {
         "only {} decode inputs came from a step in flight",
         runner.pending_inputs
     );
-    assert_eq!(e.scheduler().pool().num_free() + e.scheduler().pool().num_used(), 64);
+    assert_eq!(
+        e.scheduler().pool().num_free() + e.scheduler().pool().num_used(),
+        64
+    );
 }

@@ -130,6 +130,18 @@ impl<R: ModelRunner> ModelRunner for CascadeRunner<R> {
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
         self.with_plan(batch, |r, b| r.forward_sample(b))
     }
+
+    fn can_overlap(&self) -> bool {
+        self.inner.can_overlap()
+    }
+
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        self.with_plan(batch, |r, b| r.launch(b))
+    }
+
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        self.inner.collect()
+    }
 }
 
 #[cfg(test)]

@@ -61,6 +61,9 @@ pub struct Config {
     pub tensor_parallel_size: usize,
     /// Run decode without CUDA graphs (for debugging).
     pub enforce_eager: bool,
+    /// Decide each decode step while the one before it runs on the device (SGLang's overlap
+    /// scheduler); only runners that queue work (CUDA) use it. Off: one step at a time.
+    pub overlap_scheduling: bool,
     /// Choose each decode GEMM's cuBLASLt algorithm by timing at start (CUDA graphs only;
     /// experimental, off by default).
     pub tune_gemms: bool,
@@ -88,6 +91,7 @@ impl Default for Config {
             gpu_memory_utilization: 0.9,
             tensor_parallel_size: 1,
             enforce_eager: false,
+            overlap_scheduling: true,
             tune_gemms: false,
             kvcache_block_size: 256,
             num_kvcache_blocks: -1,

@@ -92,13 +92,15 @@ impl LLM {
         );
         let cascade_runner = CascadeRunner::new(runner.runner);
         let cascade = cascade_runner.stats_handle();
+        let mut engine = Engine::new(
+            Box::new(cascade_runner) as Box<dyn ModelRunner>,
+            scheduler,
+            eos,
+            seed,
+        )?;
+        engine.set_overlap(config.overlap_scheduling)?;
         Ok(Self {
-            engine: Engine::new(
-                Box::new(cascade_runner) as Box<dyn ModelRunner>,
-                scheduler,
-                eos,
-                seed,
-            )?,
+            engine,
             cascade,
             tokenizer,
             device: runner.device,

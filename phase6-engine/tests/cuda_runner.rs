@@ -536,8 +536,9 @@ fn bad_batches_are_errors_on_the_device() {
     assert_eq!(gpu.forward_sample(&one(&seq(5, 0))).unwrap().len(), 1);
 }
 
-/// Lends a runner to an engine without giving it away.
-struct Lent<'a>(&'a mut CudaRunner);
+/// Lends a runner to an engine without giving it away; with `.1`, the engine may launch steps
+/// ahead (overlap scheduling).
+struct Lent<'a>(&'a mut CudaRunner, bool);
 
 impl ModelRunner for Lent<'_> {
     fn kv_layout(&self) -> phase1::KvLayout {
@@ -558,6 +559,15 @@ impl ModelRunner for Lent<'_> {
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
         self.0.forward_sample(batch)
     }
+    fn can_overlap(&self) -> bool {
+        self.1 && self.0.can_overlap()
+    }
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        self.0.launch(batch)
+    }
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        self.0.collect()
+    }
 }
 
 /// Runs every prompt to completion together; outputs in prompt order, and checks that every
@@ -569,7 +579,7 @@ fn run_engine(
     config: SchedulerConfig,
 ) -> Vec<Vec<TokenId>> {
     let pages = runner.num_pages();
-    let mut engine = Engine::new(Lent(runner), config, vec![], 7).unwrap();
+    let mut engine = Engine::new(Lent(runner, false), config, vec![], 7).unwrap();
     let ids: Vec<SeqId> = prompts
         .iter()
         .map(|p| {
@@ -690,5 +700,98 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
             "prompt {i}: batched equals alone for {same}/{max_tokens} tokens, tiny pool equals batched for {same_tiny}/{max_tokens}"
         );
         assert_eq!(squeezed[i].len(), max_tokens, "prompt {i} finished");
+    }
+}
+
+/// Runs `prompts` (with their own max_tokens and sampling) together, overlapped or not; outputs
+/// in prompt order, with the number of steps, after checking that every page came back.
+fn run_mixed(
+    runner: &mut CudaRunner,
+    prompts: &[(Vec<TokenId>, SamplingParams)],
+    eos: Vec<TokenId>,
+    overlap: bool,
+) -> Vec<Vec<TokenId>> {
+    let pages = runner.num_pages();
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        chunk_size: Some(64),
+        enable_prefix_cache: true,
+        batching: Batching::Continuous,
+        max_model_len: 2048,
+    };
+    let mut engine = Engine::new(Lent(runner, overlap), config, eos, 7).unwrap();
+    let ids: Vec<SeqId> = prompts
+        .iter()
+        .map(|(p, params)| engine.add_request(p.clone(), params.clone()).unwrap())
+        .collect();
+    let mut done = engine.run_to_completion().unwrap();
+    assert_eq!(done.len(), prompts.len(), "every request finished once");
+    done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
+    engine.scheduler_mut().clear_cache();
+    assert_eq!(
+        engine.scheduler().pool().num_free(),
+        pages,
+        "every page back"
+    );
+    done.into_iter().map(|f| f.output).collect()
+}
+
+#[test]
+fn overlap_scheduling_gives_the_same_tokens_on_the_device() {
+    if !have_gpu() {
+        return;
+    }
+    let (config, weights, _) = tiny_shakespeare();
+    let (_, cases) = read_fixture(&models_dir().join("fixtures/tiny-shakespeare.json"));
+    // Eight prompts, greedy and seeded sampling, each stopping at its own length.
+    let prompts: Vec<(Vec<TokenId>, SamplingParams)> = cases
+        .iter()
+        .take(8)
+        .enumerate()
+        .map(|(i, c)| {
+            let params = if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams::default()
+                    .with_temperature(0.8)
+                    .with_seed(i as u64)
+            };
+            let params = params.with_max_tokens(10 + 7 * i).with_ignore_eos(true);
+            (c.prompt.clone(), params)
+        })
+        .collect();
+    for eager in [false, true] {
+        let mut gpu = CudaRunner::new(&config, &weights, options(256, 8, eager)).unwrap();
+        let sync = run_mixed(&mut gpu, &prompts, vec![], false);
+        let overlapped = run_mixed(&mut gpu, &prompts, vec![], true);
+        // Lengths are known ahead, so both runs compute the same batches: the same kernels on
+        // the same rows give the same bits.
+        assert_eq!(overlapped, sync, "{}", mode(eager));
+        for (out, (_, params)) in overlapped.iter().zip(&prompts) {
+            assert_eq!(out.len(), params.max_tokens);
+        }
+        // Stopping on a frequent token: sequences stop where the engine only learns it a step
+        // later, so a step computes them once more and drops that token.
+        let with_eos: Vec<(Vec<TokenId>, SamplingParams)> = prompts
+            .iter()
+            .map(|(p, params)| (p.clone(), params.clone().with_ignore_eos(false)))
+            .collect();
+        let eos: Vec<TokenId> = (0..20).collect();
+        let sync = run_mixed(&mut gpu, &with_eos, eos.clone(), false);
+        let overlapped = run_mixed(&mut gpu, &with_eos, eos.clone(), true);
+        for (i, (a, b)) in overlapped.iter().zip(&sync).enumerate() {
+            let same = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            eprintln!(
+                "{} prompt {i}: overlapped {} tokens, one at a time {}, equal for {same}",
+                mode(eager),
+                a.len(),
+                b.len()
+            );
+            assert!(a.len() <= prompts[i].1.max_tokens);
+            if a.len() < prompts[i].1.max_tokens {
+                assert!(eos.contains(a.last().unwrap()), "stopped on EOS");
+            }
+        }
     }
 }

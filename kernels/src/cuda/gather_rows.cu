@@ -21,3 +21,17 @@ extern "C" __global__ void gather_rows(const u32* __restrict__ index,
         dst[c] = inside ? src[c] : make_uint4(0, 0, 0, 0);
     }
 }
+
+// Inputs of a step launched while the step before it still ran (overlap scheduling): an id with
+// the top bit set is "row r of the previous step's sampled ids", r in the low 31 bits, and is
+// replaced by that token before the embedding reads it.
+extern "C" __global__ void take_pending_ids(u32* __restrict__ ids, const u32* __restrict__ prev,
+                                            int n, int prev_rows) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u32 id = ids[i];
+    if (id & 0x80000000u) {
+        const int r = (int)(id & 0x7fffffffu);
+        ids[i] = r < prev_rows ? prev[r] : 0xffffffffu;  // out of range: the embedding's zero row
+    }
+}

@@ -103,7 +103,8 @@ pub fn run(args: BenchArgs) -> Result<(), Error> {
         let t = Instant::now();
         let out = llm.step_output()?;
         steps += 1;
-        if out.num_prefill_tokens == 0 {
+        // (A step with no tokens finishes one launched ahead for sequences that had stopped.)
+        if out.num_prefill_tokens == 0 && out.num_decode_tokens > 0 {
             decode_steps += 1;
             decode_secs += t.elapsed().as_secs_f64();
             decode_tokens += out.num_decode_tokens;

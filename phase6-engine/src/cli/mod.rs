@@ -88,6 +88,9 @@ pub struct ModelArgs {
     /// Decode without CUDA graphs
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Run one step at a time: no deciding the next decode step while one runs on the GPU
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Time cuBLASLt's GEMM algorithms at start and keep the fastest (experimental)
     #[arg(long)]
     pub tune_gemms: bool,
@@ -105,6 +108,7 @@ impl ModelArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
             tensor_parallel_size: 1,
             enforce_eager: self.enforce_eager,
+            overlap_scheduling: !self.no_overlap,
             tune_gemms: self.tune_gemms,
             kvcache_block_size: self.kvcache_block_size,
             num_kvcache_blocks: self.num_kvcache_blocks,

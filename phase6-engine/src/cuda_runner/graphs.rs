@@ -173,7 +173,14 @@ impl DecodeGraphs {
     /// Replays the flat decode step `plan` from the smallest bucket that holds it, padding
     /// `plan` to that bucket. Returns where its sampling parameters are, or `None` when no
     /// graph fits (too many sequences or page entries): the caller runs it eagerly.
-    pub fn replay(&mut self, gpu: &Gpu, plan: &mut StepPlan) -> Result<Option<Region>> {
+    /// With `pending`, the step's [`kernels::gather::pending_id`] inputs are taken from those
+    /// sampled ids first.
+    pub fn replay(
+        &mut self,
+        gpu: &Gpu,
+        plan: &mut StepPlan,
+        pending: Option<&CudaView<'_, u32>>,
+    ) -> Result<Option<Region>> {
         let n = plan.decode.num_seqs();
         let Some(bucket) = self.buckets.iter().find(|b| b.size >= n) else {
             return Ok(None);
@@ -191,6 +198,9 @@ impl DecodeGraphs {
             });
         }
         self.staging.upload(gpu, &layout)?;
+        if let Some(prev) = pending {
+            kernels::gather::take_pending(gpu, &mut self.staging.ids_mut(&layout), prev)?;
+        }
         bucket.graph.launch()?;
         Ok(Some(layout.params_region()))
     }

@@ -7,7 +7,10 @@
 //! planned on the host ([`plan`]), uploaded in one copy ([`staging`]) and queued as one
 //! sequence of launches ([`forward`]) with no host synchronisation until the results are read
 //! back: the logits, or only the token ids when sampling on the device. Decode steps are
-//! replayed from CUDA graphs unless `enforce_eager` is set ([`graphs`]).
+//! replayed from CUDA graphs unless `enforce_eager` is set ([`graphs`]). Steps may also be
+//! launched without waiting (`ModelRunner::launch`): the engine then decides the next step while
+//! this one runs, and a decode's input can be the token the step before samples, which the
+//! runner takes on the device.
 
 mod forward;
 mod graphs;
@@ -15,13 +18,14 @@ mod plan;
 mod staging;
 mod weights;
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
 use kernels::paged::CacheShape;
-use kernels::{Gpu, PinnedHostSlice, decode, sampling};
-use phase0::TokenId;
+use kernels::{CudaEvent, Gpu, PinnedHostSlice, decode, gather, sampling};
+use phase0::{SeqId, TokenId};
 use phase1::{BlockTable, KvDtype, KvLayout};
-use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
+use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, PENDING_TOKEN, Weights};
 
 use forward::{Activations, Dims, KvCache};
 use graphs::DecodeGraphs;
@@ -164,6 +168,15 @@ pub struct CudaRunner {
     staging: Staging,
     /// Where sampled token ids come back to (pinned: see `Gpu::download_pinned`).
     sampled_host: PinnedHostSlice<u32>,
+    /// Launched steps: two buffers the ids of two steps in flight come back to, taken in turn,
+    /// each with the event recorded after its copy.
+    launched_host: [PinnedHostSlice<u32>; 2],
+    launched_done: [CudaEvent; 2],
+    /// Steps launched and not collected: (sampled rows, buffer).
+    in_flight: VecDeque<(usize, usize)>,
+    next_buffer: usize,
+    /// The row of each sequence's token in the last launched step's sampled ids.
+    last_rows: HashMap<SeqId, u32>,
     graphs: Option<DecodeGraphs>,
     options: CudaOptions,
     memory: MemoryReport,
@@ -282,7 +295,20 @@ impl CudaRunner {
             graph_bytes: before.saturating_sub(after).saturating_sub(tuned_workspace),
         };
         let sampled_host = gpu.pinned(options.max_num_seqs).map_err(device_error)?;
+        let launched_host = [
+            gpu.pinned(options.max_num_seqs).map_err(device_error)?,
+            gpu.pinned(options.max_num_seqs).map_err(device_error)?,
+        ];
+        let launched_done = [
+            gpu.event().map_err(device_error)?,
+            gpu.event().map_err(device_error)?,
+        ];
         Ok(Self {
+            launched_host,
+            launched_done,
+            in_flight: VecDeque::new(),
+            next_buffer: 0,
+            last_rows: HashMap::new(),
             gpu,
             dims,
             limits,
@@ -307,16 +333,19 @@ impl CudaRunner {
 
     /// Plans, uploads and queues one step (sampling on the device if `sample`); returns how
     /// many rows of logits (and of token ids, when sampled) it produced.
-    fn step(&mut self, batch: &ForwardBatch, sample: bool) -> Result<usize, Error> {
+    /// `batch` may hold [`PENDING_TOKEN`] inputs only when it comes from `launch`.
+    fn step(&mut self, batch: &ForwardBatch, sample: bool, launched: bool) -> Result<usize, Error> {
         let mut plan = StepPlan::new(batch, &self.limits)?;
         let n = plan.num_sampled;
         if plan.num_tokens() == 0 {
             return Ok(0);
         }
+        let pending = self.mark_pending(batch, &mut plan, launched)?;
+        let prev = pending.then(|| self.act.sampled.slice(..));
         let replayed = match &mut self.graphs {
-            Some(graphs) if plan.is_flat_decode() => {
-                graphs.replay(&self.gpu, &mut plan).map_err(device_error)?
-            }
+            Some(graphs) if plan.is_flat_decode() => graphs
+                .replay(&self.gpu, &mut plan, prev.as_ref())
+                .map_err(device_error)?,
             _ => None,
         };
         let params = match (replayed, &self.graphs) {
@@ -326,6 +355,11 @@ impl CudaRunner {
                 self.staging
                     .upload(&self.gpu, &layout)
                     .map_err(device_error)?;
+                if pending {
+                    let prev = self.act.sampled.slice(..);
+                    gather::take_pending(&self.gpu, &mut self.staging.ids_mut(&layout), &prev)
+                        .map_err(device_error)?;
+                }
                 let d = &self.dims;
                 let splits = decode::num_splits(
                     &self.gpu,
@@ -358,6 +392,37 @@ impl CudaRunner {
             self.gpu.synchronize().map_err(device_error)?;
         }
         Ok(n)
+    }
+}
+
+impl CudaRunner {
+    /// Points each [`PENDING_TOKEN`] input at the row of the last launched step's sampled ids
+    /// that holds it (a decode-only step: row i is sequence i). True if there was any.
+    fn mark_pending(
+        &self,
+        batch: &ForwardBatch,
+        plan: &mut StepPlan,
+        launched: bool,
+    ) -> Result<bool, Error> {
+        let mut any = false;
+        for (i, s) in batch.seqs.iter().enumerate() {
+            if s.tokens.first() != Some(&PENDING_TOKEN) {
+                continue;
+            }
+            let row = match self.last_rows.get(&s.seq_id) {
+                Some(&row) if launched && plan.is_flat_decode() => row,
+                _ => {
+                    return Err(Error::InvalidBatch(format!(
+                        "sequence {}: a pending input needs a decode step launched right after \
+                         one that samples it",
+                        s.seq_id
+                    )));
+                }
+            };
+            plan.ids[i] = gather::pending_id(row);
+            any = true;
+        }
+        Ok(any)
     }
 }
 
@@ -490,7 +555,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
-        let n = self.step(batch, false)?;
+        let n = self.step(batch, false, false)?;
         let vocab_size = self.dims.vocab;
         let data = match n {
             0 => Vec::new(),
@@ -503,7 +568,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
-        let n = self.step(batch, true)?;
+        let n = self.step(batch, true, false)?;
         match n {
             0 => Ok(Vec::new()),
             n => self
@@ -512,5 +577,46 @@ impl ModelRunner for CudaRunner {
                 .map(<[u32]>::to_vec)
                 .map_err(device_error),
         }
+    }
+
+    fn can_overlap(&self) -> bool {
+        true
+    }
+
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        let n = self.step(batch, true, true)?;
+        let buffer = self.next_buffer;
+        if n > 0 {
+            // The other buffer may still be read for the step launched before this one.
+            let host = &mut self.launched_host[buffer];
+            let done = &self.launched_done[buffer];
+            self.gpu
+                .queue_download(&self.act.sampled.slice(..n), host, done)
+                .map_err(device_error)?;
+            self.next_buffer ^= 1;
+        }
+        let sampling = batch.seqs.iter().filter(|s| s.sample.is_some());
+        self.last_rows = sampling.map(|s| s.seq_id).zip(0..n as u32).collect();
+        self.in_flight.push_back((n, buffer));
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        let (n, buffer) = self
+            .in_flight
+            .pop_front()
+            .ok_or_else(|| Error::InvalidBatch("no launched step to collect".into()))?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let driver = |e| {
+            device_error(kernels::Error::Driver {
+                context: "reading sampled ids".into(),
+                source: e,
+            })
+        };
+        self.launched_done[buffer].synchronize().map_err(driver)?;
+        let ids = self.launched_host[buffer].as_slice().map_err(driver)?;
+        Ok(ids[..n].to_vec())
     }
 }

@@ -8,8 +8,9 @@
 //! GPU, so this part of the runner is tested on any machine.
 
 use kernels::sampling::SampleParams;
+use phase0::TokenId;
 use phase1::BlockTable;
-use phase2::{Error, ForwardBatch};
+use phase2::{Error, ForwardBatch, PENDING_TOKEN};
 
 /// What the runner can execute: a batch beyond these is refused, not attempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,7 +349,13 @@ fn validate(batch: &ForwardBatch, limits: &Limits) -> Result<(), Error> {
                 limits.max_position
             ));
         }
-        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        // A decode launched behind the step before it reads that step's token on the device.
+        let pending = |t: TokenId| t == PENDING_TOKEN && s.tokens.len() == 1;
+        if let Some(&t) = s
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size && !pending(t))
+        {
             return bad(format!(
                 "sequence {id}: token {t} is outside the vocabulary of {}",
                 limits.vocab_size

@@ -9,7 +9,7 @@
 //! when the room is large).
 
 use kernels::sampling::SampleParams;
-use kernels::{CudaSlice, CudaView, Gpu, PinnedHostSlice};
+use kernels::{CudaEvent, CudaSlice, CudaView, CudaViewMut, Gpu, PinnedHostSlice};
 
 use super::forward::{DecodePart, LevelPart, PrefillPart, StepInputs, TableViews};
 use super::plan::{Prefill, StepPlan, Table};
@@ -193,6 +193,9 @@ pub(crate) struct Staging {
     words: Vec<u32>,
     host: PinnedHostSlice<u32>,
     device: CudaSlice<u32>,
+    /// Recorded after the last upload's copies: the host buffer may be rewritten once it ran
+    /// (with steps launched ahead, the copy may still wait behind the step before).
+    copied: CudaEvent,
 }
 
 impl Staging {
@@ -201,6 +204,7 @@ impl Staging {
             words: Vec::with_capacity(capacity),
             host: gpu.pinned(capacity)?,
             device: gpu.zeros(capacity.max(1))?,
+            copied: gpu.event()?,
         })
     }
 
@@ -219,8 +223,14 @@ impl Staging {
 
     /// Queues the copy of the packed words to the device, growing both buffers first if they
     /// are too small (which moves them: only for steps that are not replayed from a graph).
-    /// The host buffer may be rewritten once the step's results have been read back.
+    /// Waits first for the previous upload's copies to have run.
     pub fn upload(&mut self, gpu: &Gpu, layout: &Layout) -> kernels::Result<()> {
+        self.copied
+            .synchronize()
+            .map_err(|e| kernels::Error::Driver {
+                context: "waiting for the previous upload".into(),
+                source: e,
+            })?;
         if layout.end() > self.capacity() {
             let capacity = layout.end().next_power_of_two();
             self.host = gpu.pinned(capacity)?;
@@ -237,7 +247,7 @@ impl Staging {
             host[start..end].copy_from_slice(&self.words[start..end]);
             gpu.copy_to_device(&host[start..end], &mut self.device.slice_mut(start..end))?;
         }
-        Ok(())
+        gpu.record(&self.copied)
     }
 
     /// The kernels' views of a step packed with `layout`; `splits` is the decode kernel's KV
@@ -274,6 +284,12 @@ impl Staging {
                 })
                 .collect(),
         }
+    }
+
+    /// The token ids of a step packed with `layout`, to be rewritten on the device.
+    pub fn ids_mut(&mut self, layout: &Layout) -> CudaViewMut<'_, u32> {
+        let r = layout.ids;
+        self.device.slice_mut(r.offset..r.offset + r.len)
     }
 
     /// The sampling parameters of a step packed with `layout`.
