@@ -65,8 +65,6 @@ pub struct Engine<R: ModelRunner> {
     overlap: bool,
     /// A step decided and launched while the one before it ran (overlap scheduling).
     ahead: Option<Scheduled>,
-    /// Requests finished while draining `ahead` outside `step`, reported by the next step.
-    held: Vec<FinishedRequest>,
 }
 
 impl<R: ModelRunner> Engine<R> {
@@ -89,7 +87,6 @@ impl<R: ModelRunner> Engine<R> {
             base_seed,
             overlap: true,
             ahead: None,
-            held: Vec::new(),
         })
     }
 
@@ -260,7 +257,7 @@ impl<R: ModelRunner> Engine<R> {
     /// when the runner can: see [`Engine::set_overlap`]) the next step may already be queued
     /// on the device when this returns.
     pub fn step(&mut self) -> Result<StepOutput, Error> {
-        if self.overlap && self.runner.can_overlap() {
+        if self.ahead.is_some() || (self.overlap && self.runner.can_overlap()) {
             return self.step_overlapped();
         }
         // BEGIN SOLUTION
@@ -310,21 +307,9 @@ impl<R: ModelRunner> Engine<R> {
     /// leaves the device idle. It applies to decode-only stretches (see
     /// [`Scheduler::schedule_ahead`]) and to runners that can queue work
     /// ([`ModelRunner::can_overlap`]); tokens are the same either way.
-    pub fn set_overlap(&mut self, on: bool) -> Result<(), Error> {
-        if !on {
-            self.drain_ahead()?;
-        }
+    /// Turned off, a step already queued ahead still finishes in the next `step`.
+    pub fn set_overlap(&mut self, on: bool) {
         self.overlap = on;
-        Ok(())
-    }
-
-    /// Finishes the step queued ahead, if any, so that nothing is left on the device.
-    fn drain_ahead(&mut self) -> Result<(), Error> {
-        while self.ahead.is_some() {
-            let out = self.step_overlapped()?;
-            self.held.extend(out.finished);
-        }
-        Ok(())
     }
 
     /// One step of overlap scheduling: the step launched by the previous call (or decided and
@@ -339,7 +324,9 @@ impl<R: ModelRunner> Engine<R> {
                 s
             }
         };
-        if let Some(next) = self.scheduler.schedule_ahead(&current) {
+        if self.overlap
+            && let Some(next) = self.scheduler.schedule_ahead(&current)
+        {
             self.runner.launch(&next.forward)?;
             self.ahead = Some(next);
         }
@@ -349,9 +336,7 @@ impl<R: ModelRunner> Engine<R> {
         let requests = &self.requests;
         current.retain_decodes(&mut sampled, |id| requests.status(id).is_some());
         let outcome = self.scheduler.complete(current, &sampled);
-        let mut output = self.publish(outcome);
-        output.finished.splice(0..0, self.held.drain(..));
-        Ok(output)
+        Ok(self.publish(outcome))
     }
 
     /// Steps until every request finished; returns them in the order they finished.

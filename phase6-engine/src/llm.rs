@@ -98,7 +98,7 @@ impl LLM {
             eos,
             seed,
         )?;
-        engine.set_overlap(config.overlap_scheduling)?;
+        engine.set_overlap(config.overlap_scheduling);
         Ok(Self {
             engine,
             cascade,
