@@ -570,26 +570,40 @@ impl ModelRunner for Lent<'_> {
     }
 }
 
-/// Runs every prompt to completion together; outputs in prompt order, and checks that every
-/// page comes back.
+/// Runs every prompt to completion together, greedy, `max_tokens` each (see [`run_requests`]).
 fn run_engine(
     runner: &mut CudaRunner,
     prompts: &[Vec<TokenId>],
     max_tokens: usize,
     config: SchedulerConfig,
 ) -> Vec<Vec<TokenId>> {
-    let pages = runner.num_pages();
-    let mut engine = Engine::new(Lent(runner, false), config, vec![], 7).unwrap();
-    let ids: Vec<SeqId> = prompts
+    let params = SamplingParams::greedy()
+        .with_max_tokens(max_tokens)
+        .with_ignore_eos(true);
+    let requests: Vec<_> = prompts
         .iter()
-        .map(|p| {
-            let params = SamplingParams::greedy()
-                .with_max_tokens(max_tokens)
-                .with_ignore_eos(true);
-            engine.add_request(p.clone(), params).unwrap()
-        })
+        .map(|p| (p.clone(), params.clone()))
+        .collect();
+    run_requests(runner, &requests, vec![], config, false)
+}
+
+/// Runs `requests` (each with its own sampling) to completion together, overlapped or not;
+/// outputs in request order, after checking that each finished once and every page came back.
+fn run_requests(
+    runner: &mut CudaRunner,
+    requests: &[(Vec<TokenId>, SamplingParams)],
+    eos: Vec<TokenId>,
+    config: SchedulerConfig,
+    overlap: bool,
+) -> Vec<Vec<TokenId>> {
+    let pages = runner.num_pages();
+    let mut engine = Engine::new(Lent(runner, overlap), config, eos, 7).unwrap();
+    let ids: Vec<SeqId> = requests
+        .iter()
+        .map(|(p, params)| engine.add_request(p.clone(), params.clone()).unwrap())
         .collect();
     let mut done = engine.run_to_completion().unwrap();
+    assert_eq!(done.len(), requests.len(), "every request finished once");
     done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
     engine.scheduler_mut().clear_cache();
     assert_eq!(
@@ -703,15 +717,13 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
     }
 }
 
-/// Runs `prompts` (with their own max_tokens and sampling) together, overlapped or not; outputs
-/// in prompt order, with the number of steps, after checking that every page came back.
+/// [`run_requests`] with the scheduler of the overlap test: 8 seats, 64-token chunks.
 fn run_mixed(
     runner: &mut CudaRunner,
     prompts: &[(Vec<TokenId>, SamplingParams)],
     eos: Vec<TokenId>,
     overlap: bool,
 ) -> Vec<Vec<TokenId>> {
-    let pages = runner.num_pages();
     let config = SchedulerConfig {
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
@@ -720,21 +732,7 @@ fn run_mixed(
         batching: Batching::Continuous,
         max_model_len: 2048,
     };
-    let mut engine = Engine::new(Lent(runner, overlap), config, eos, 7).unwrap();
-    let ids: Vec<SeqId> = prompts
-        .iter()
-        .map(|(p, params)| engine.add_request(p.clone(), params.clone()).unwrap())
-        .collect();
-    let mut done = engine.run_to_completion().unwrap();
-    assert_eq!(done.len(), prompts.len(), "every request finished once");
-    done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
-    engine.scheduler_mut().clear_cache();
-    assert_eq!(
-        engine.scheduler().pool().num_free(),
-        pages,
-        "every page back"
-    );
-    done.into_iter().map(|f| f.output).collect()
+    run_requests(runner, prompts, eos, config, overlap)
 }
 
 #[test]
