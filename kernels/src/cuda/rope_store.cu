@@ -12,15 +12,36 @@
 // Input row of token t: [q_0 .. q_{Hq-1} | k_0 .. k_{Hkv-1} | v_0 .. v_{Hkv-1}], each D wide.
 // Grid: (T, ceil((Hq + 2 Hkv) / WARPS)); each warp handles one head of one token. Lane l owns
 // the rotation pairs (p, p + D/2) for p = l, l + 32, ... so a pair never crosses threads.
+// The warps of a block share one token, so the block computes the token's D/2 angles once
+// (RopeAngles) and every head it rotates reads them: the precise powf and sincosf cost more
+// than moving a head, and there are up to Hq + Hkv heads to rotate per token.
 
+// cos and sin of pair p's angle, position * theta^(-2p/D), for one position.
+template <int D>
+struct RopeAngles {
+    float cos[D / 2];
+    float sin[D / 2];
+};
+
+// Fills `a` for `position`; it synchronises the block, so every thread of it must get here.
+template <int D>
+__device__ __forceinline__ void rope_angles(RopeAngles<D>& a, float position, float theta) {
+    for (int p = threadIdx.x; p < D / 2; p += blockDim.x) {
+        // Precise powf and sincosf: angles reach tens of thousands of radians for long
+        // contexts, where the fast approximations lose all accuracy.
+        const float inv_freq = 1.f / powf(theta, (float)(2 * p) / (float)D);
+        sincosf(position * inv_freq, &a.sin[p], &a.cos[p]);
+    }
+    __syncthreads();
+}
+
+// One head: optional RMSNorm, then the rotation by `angles` (none when it is null).
 template <int D>
 __device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
                                           bf16* __restrict__ dst,
                                           const bf16* __restrict__ norm_w,
                                           float eps,
-                                          float position,
-                                          float theta,
-                                          bool rotate) {
+                                          const RopeAngles<D>* angles) {
     constexpr int HALF = D / 2;
     constexpr int PAIRS = (HALF + 31) / 32;  // pairs per lane
     const int lane = threadIdx.x & 31;
@@ -49,12 +70,8 @@ __device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
         const int p = lane + 32 * j;
         if (p >= HALF) continue;
         float x1 = a[j], x2 = b[j];
-        if (rotate) {
-            // Precise sincosf: angles reach tens of thousands of radians for long contexts,
-            // where the fast approximations lose all accuracy.
-            const float inv_freq = 1.f / powf(theta, (float)(2 * p) / (float)D);
-            float s, c;
-            sincosf(position * inv_freq, &s, &c);
+        if (angles != nullptr) {
+            const float c = angles->cos[p], s = angles->sin[p];
             x1 = a[j] * c - b[j] * s;
             x2 = b[j] * c + a[j] * s;
         }
@@ -79,15 +96,19 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
                                                    float eps,
                                                    float theta) {
     const int t = blockIdx.x;
-    const int head = blockIdx.y * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int first_head = blockIdx.y * (blockDim.x / 32);
+    const int head = first_head + (threadIdx.x >> 5);
     const int heads = num_q_heads + 2 * num_kv_heads;
+    __shared__ RopeAngles<D> angles;
+    if (first_head < num_q_heads + num_kv_heads) {  // the same for the whole block
+        rope_angles<D>(angles, (float)positions[t], theta);
+    }
     if (head >= heads) return;
     const bf16* src = qkv + ((size_t)t * heads + head) * D;
-    const float pos = (float)positions[t];
 
     if (head < num_q_heads) {
         bf16* dst = q_out + ((size_t)t * num_q_heads + head) * D;
-        rope_head<D>(src, dst, q_norm_w, eps, pos, theta, true);
+        rope_head<D>(src, dst, q_norm_w, eps, &angles);
         return;
     }
     // K and V go to the cache. A slot outside the cache (page < 0 marks padding) stores nothing.
@@ -97,9 +118,9 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
     const int kv_head = is_k ? head - num_q_heads : head - num_q_heads - num_kv_heads;
     const size_t row = ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
     if (is_k) {
-        rope_head<D>(src, k_cache + row * D, k_norm_w, eps, pos, theta, true);
+        rope_head<D>(src, k_cache + row * D, k_norm_w, eps, &angles);
     } else {
-        rope_head<D>(src, v_cache + row * D, nullptr, eps, pos, theta, false);
+        rope_head<D>(src, v_cache + row * D, nullptr, eps, nullptr);
     }
 }
 
@@ -131,7 +152,10 @@ __device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
                                                 int num_kv_heads, int page_size, int num_pages,
                                                 float shift, float theta) {
     const int t = blockIdx.x;
-    const int head = blockIdx.y * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int first_head = blockIdx.y * (blockDim.x / 32);
+    const int head = first_head + (threadIdx.x >> 5);
+    __shared__ RopeAngles<D> angles;  // the same shift for every token
+    if (first_head < num_kv_heads) rope_angles<D>(angles, shift, theta);
     if (head >= 2 * num_kv_heads) return;
     const int sp = src_slots[2 * t], so = src_slots[2 * t + 1];
     const int dp = dst_slots[2 * t], dof = dst_slots[2 * t + 1];
@@ -142,7 +166,7 @@ __device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
     const size_t src_row = ((size_t)sp * num_kv_heads + kv_head) * page_size + so;
     const size_t dst_row = ((size_t)dp * num_kv_heads + kv_head) * page_size + dof;
     bf16* cache = is_k ? k_cache : v_cache;
-    rope_head<D>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f, shift, theta, is_k);
+    rope_head<D>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f, is_k ? &angles : nullptr);
 }
 
 #define COPY_KV(D)                                                                               \
