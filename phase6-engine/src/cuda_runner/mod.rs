@@ -355,9 +355,8 @@ impl CudaRunner {
                 self.staging
                     .upload(&self.gpu, &layout)
                     .map_err(device_error)?;
-                if pending {
-                    let prev = self.act.sampled.slice(..);
-                    gather::take_pending(&self.gpu, &mut self.staging.ids_mut(&layout), &prev)
+                if let Some(prev) = &prev {
+                    gather::take_pending(&self.gpu, &mut self.staging.ids_mut(&layout), prev)
                         .map_err(device_error)?;
                 }
                 let d = &self.dims;
