@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{device_time, fill, time};
 use criterion::{Criterion, Throughput};
-use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
+use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::sampling::{SampleParams, sample};
@@ -41,7 +41,7 @@ fn setup_lens(gpu: &Gpu, lens: &[usize], page_size: usize, q_rows: usize) -> Set
         page_size,
         head_dim: D,
     };
-    let mut table = HostPageTable::new();
+    let mut table = HostPageTable::new(page_size);
     let mut first = 0;
     for &len in lens {
         let pages = len.div_ceil(page_size);
@@ -149,15 +149,13 @@ fn main() {
     ));
 
     // Decode: batch x context chosen so K/V (268 MB) is far larger than L2.
+    let mut ws = DecodeWorkspace::new(&gpu, D).unwrap();
     for (batch, len, page) in [(64, 1024, 16), (64, 1024, 256), (2, 32768, 16)] {
         let s = setup(&gpu, batch, len, page, batch);
-        let splits = num_splits(&gpu, batch, HQ, HKV, len);
-        let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, splits, D).unwrap();
         let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
         let bytes = (2 * batch * len * HKV * D * 2) as u64;
-        let name = format!("decode b{batch} ctx{len} page{page} splits{splits}");
-        let mut run =
-            || decode_attention(&gpu, &s.inputs(), splits, Some(&mut ws), &mut out, None).unwrap();
+        let name = format!("decode b{batch} ctx{len} page{page}");
+        let mut run = || decode_attention(&gpu, &s.inputs(), &mut ws, &mut out, None).unwrap();
         let mut group = c.benchmark_group("decode");
         group.throughput(Throughput::Bytes(bytes));
         group.bench_function(&name, |b| {
@@ -173,32 +171,23 @@ fn main() {
         ));
     }
 
-    // Decode over a serving batch: 128 sequences of 100..=2047 tokens (a continuous batch in
-    // the middle of nano-vllm's workload), pages of 256. One block per (sequence, KV head)
-    // leaves the longest sequences running alone at the end; more splits even the work out.
-    let lens: Vec<usize> = (0..128u64)
+    // Decode over serving batches: 1 to 256 sequences of 100..=2047 tokens (a continuous batch
+    // of nano-vllm's workload), pages of 256. Lengths differ by 20x: the kernel shares the KV out
+    // evenly among its blocks whatever they are.
+    let all_lens: Vec<usize> = (0..256u64)
         .map(|i| 100 + (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize % 1948)
         .collect();
-    let batch = lens.len();
-    let s = setup_lens(&gpu, &lens, 256, batch);
-    let bytes = (2 * lens.iter().sum::<usize>() * HKV * D * 2) as u64;
-    let chosen = num_splits(&gpu, batch, HQ, HKV, *lens.iter().max().unwrap());
-    let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
-    let mut counts = vec![1, 2, 4, 8];
-    if !counts.contains(&chosen) {
-        counts.push(chosen);
-        counts.sort();
-    }
-    let max_splits = *counts.last().expect("not empty");
-    let mut ws = DecodeWorkspace::new(&gpu, batch * HQ, max_splits, D).unwrap();
-    for splits in counts {
-        let mut run =
-            || decode_attention(&gpu, &s.inputs(), splits, Some(&mut ws), &mut out, None).unwrap();
-        let secs = time(&gpu, &mut run);
-        let mark = if splits == chosen { " (chosen)" } else { "" };
+    for batch in [1, 16, 32, 64, 128, 256] {
+        let lens = &all_lens[..batch];
+        let s = setup_lens(&gpu, lens, 256, batch);
+        let bytes = (2 * lens.iter().sum::<usize>() * HKV * D * 2) as u64;
+        let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
+        let secs = time(&gpu, &mut || {
+            decode_attention(&gpu, &s.inputs(), &mut ws, &mut out, None).unwrap()
+        });
         summary.push(format!(
-            "{:<40} {:>9.1} us {:>8.0} GB/s{mark}",
-            format!("decode b{batch} ctx100-2047 page256 splits{splits}"),
+            "{:<40} {:>9.1} us {:>8.0} GB/s",
+            format!("decode b{batch} ctx100-2047 page256"),
             secs * 1e6,
             bytes as f64 / secs / 1e9
         ));

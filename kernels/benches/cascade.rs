@@ -14,7 +14,7 @@
 mod common;
 
 use common::{fill, time};
-use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
+use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::merge::{PartialState, merge_state};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
@@ -81,18 +81,16 @@ impl Cache {
 
 /// Flat paged decode: every request's table lists the prefix pages and then its own.
 fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Vec<bf16>) {
-    let mut table = HostPageTable::new();
+    let mut table = HostPageTable::new(PAGE);
     for r in 0..batch {
         table.push_seq(cache.prefix(0, cache.prefix_pages).chain(cache.suffix(r)));
     }
     let table = table.upload(gpu).unwrap();
-    let len = cache.prefix_pages * PAGE + SUFFIX;
-    let splits = num_splits(gpu, batch, HQ, HKV, len);
-    let mut ws = DecodeWorkspace::new(gpu, batch * HQ, splits, D).unwrap();
+    let mut ws = DecodeWorkspace::new(gpu, D).unwrap();
     let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
     let inputs = cache.inputs(q, &table);
     let secs = time(gpu, &mut || {
-        decode_attention(gpu, &inputs, splits, Some(&mut ws), &mut out, None).unwrap()
+        decode_attention(gpu, &inputs, &mut ws, &mut out, None).unwrap()
     });
     (secs, gpu.download(&out).unwrap())
 }
@@ -108,14 +106,14 @@ fn cascade(
 ) -> (f64, Vec<bf16>) {
     let rows = batch * HQ;
     let per_part = cache.prefix_pages / parts;
-    let mut shared = HostPageTable::new();
+    let mut shared = HostPageTable::new(PAGE);
     for p in 0..parts {
         shared.push_seq(cache.prefix(p * per_part, (p + 1) * per_part));
     }
     let shared = shared.upload(gpu).unwrap();
     let indptr: Vec<i32> = (0..=parts).map(|p| (p * batch) as i32).collect();
     let indptr = gpu.upload(&indptr).unwrap();
-    let mut own = HostPageTable::new();
+    let mut own = HostPageTable::new(PAGE);
     for r in 0..batch {
         own.push_seq(cache.suffix(r));
     }
@@ -135,6 +133,7 @@ fn cascade(
         gpu.zeros::<f32>(rows).unwrap(),
     ];
     let own_inputs = cache.inputs(q, &own);
+    let mut ws = DecodeWorkspace::new(gpu, D).unwrap();
 
     let mut run = || {
         for p in 0..parts {
@@ -155,7 +154,7 @@ fn cascade(
             Some(&mut lse_parts),
         )
         .unwrap();
-        decode_attention(gpu, &own_inputs, 1, None, &mut o_own, Some(&mut lse_own)).unwrap();
+        decode_attention(gpu, &own_inputs, &mut ws, &mut o_own, Some(&mut lse_own)).unwrap();
         for p in 0..parts {
             let part = PartialState {
                 o: o_parts.slice(p * rows * D..(p + 1) * rows * D),

@@ -1,9 +1,10 @@
 //! Decode attention over paged KV: one query token per sequence, bound by memory bandwidth.
 //!
 //! Each block reads one KV head's pages once for all the q heads of its GQA group, in 16-byte
-//! loads with several in flight per lane (vLLM's paged attention, FlashInfer's decode). When
-//! the batch is small, the KV of a sequence is split over several blocks (FlashDecoding's
-//! split-K) whose partial results are merged by log-sum-exp. The CUDA side is
+//! loads with several in flight per lane (vLLM's paged attention, FlashInfer's decode). The
+//! grid is as many blocks as the GPU holds at once, and the batch's KV is shared out among them
+//! in equal ranges whatever the sequences' lengths; a sequence cut between blocks is put back
+//! together from partial results by log-sum-exp (FlashDecoding's split-K). The CUDA side is
 //! `cuda/decode_attention.cu`.
 
 use cudarc::driver::{CudaSlice, DevicePtrMut, PushKernelArg};
@@ -12,70 +13,58 @@ use half::bf16;
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
-use crate::merge::merge_splits;
 use crate::paged::AttentionInputs;
 use crate::source::Source;
 
 const K: &str = "decode_attention";
 
-/// f32 scratch for split-K partial results, allocated once and reused every step.
+/// Threads a block: four warps.
+const THREADS: u32 = 128;
+
+/// The most blocks of 128 threads a multiprocessor can hold (2,048 threads).
+const MAX_BLOCKS_PER_SM: usize = 16;
+
+/// The most q heads one block serves (its partial results are sized for this many).
+const MAX_HEADS_PER_BLOCK: usize = 8;
+
+/// The shortest range of KV slots a block takes: below this, a small batch is spread over
+/// fewer blocks rather than into pieces too small to pay for their start and merge.
+pub const MIN_RANGE: usize = 256;
+
+/// f32 scratch for the partial results of the blocks that share a sequence: two pieces a
+/// block (the one its range starts with and the one it ends with). Allocated once.
 #[derive(Debug)]
 pub struct DecodeWorkspace {
     o: CudaSlice<f32>,
     lse: CudaSlice<f32>,
+    blocks: usize,
 }
 
 impl DecodeWorkspace {
-    /// Room for `max_rows` (sequence, q head) rows split `max_splits` ways.
-    pub fn new(gpu: &Gpu, max_rows: usize, max_splits: usize, head_dim: usize) -> Result<Self> {
+    /// Room for as many blocks as the GPU can hold at once, at `head_dim` up to 128.
+    pub fn new(gpu: &Gpu, head_dim: usize) -> Result<Self> {
+        let blocks = gpu.num_sms() * MAX_BLOCKS_PER_SM;
+        let pieces = 2 * blocks * MAX_HEADS_PER_BLOCK;
         Ok(Self {
-            o: gpu.zeros(max_rows * max_splits * head_dim)?,
-            lse: gpu.zeros(max_rows * max_splits)?,
+            o: gpu.zeros(pieces * head_dim)?,
+            lse: gpu.zeros(pieces)?,
+            blocks,
         })
     }
-}
 
-/// The most KV splits a decode call takes: the merge gives each split a lane of a warp.
-pub const MAX_SPLITS: usize = 32;
-
-/// How many ways to split each sequence's KV so that the GPU has enough blocks to stay busy:
-/// about 32 blocks per multiprocessor, each split at least 256 tokens long, at most 32.
-///
-/// Five blocks fit on a multiprocessor at once, so this is several waves: in a serving batch
-/// sequence lengths differ by 10x or more, and with one block per (sequence, head group) the
-/// longest sequences finish alone while most of the GPU idles. Several shorter blocks per
-/// sequence let the block scheduler even the work out (on an H100, a batch of 128 sequences of
-/// 100-2,047 tokens reads K/V at 2.33 TB/s unsplit and 2.58 TB/s in 4 splits).
-pub fn num_splits(
-    gpu: &Gpu,
-    num_seqs: usize,
-    num_q_heads: usize,
-    num_kv_heads: usize,
-    max_kv_len: usize,
-) -> usize {
-    let group = (num_q_heads / num_kv_heads.max(1)).max(1);
-    let blocks = (num_seqs * num_q_heads / heads_per_block(group)).max(1);
-    let wanted = (32 * gpu.num_sms()).div_ceil(blocks);
-    wanted.min(max_kv_len / 256).clamp(1, MAX_SPLITS)
-}
-
-/// The q heads one block serves: the largest of 8, 4, 2, 1 that divides the group.
-fn heads_per_block(group: usize) -> usize {
-    [8, 4, 2, 1]
-        .into_iter()
-        .find(|g| group.is_multiple_of(*g))
-        .expect("1 divides everything")
+    /// Device memory it holds.
+    pub fn bytes(&self) -> usize {
+        4 * (self.o.len() + self.lse.len())
+    }
 }
 
 /// `q: bf16[num_seqs, num_q_heads, head_dim]` (one token per sequence of the page table)
 /// attends to all of its sequence's KV. `out: bf16[num_seqs, num_q_heads, head_dim]`, `lse:
-/// f32[num_seqs, num_q_heads]` if given. `splits > 1` needs a workspace of at least
-/// `num_seqs * num_q_heads` rows and `splits` splits.
+/// f32[num_seqs, num_q_heads]` if given. The page table must carry its `slot_indptr`.
 pub fn decode_attention(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_>,
-    splits: usize,
-    workspace: Option<&mut DecodeWorkspace>,
+    workspace: &mut DecodeWorkspace,
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
@@ -86,12 +75,16 @@ pub fn decode_attention(
     let rows = num_seqs * hq;
     check::at_least(K, "q", inputs.q.len(), rows * d)?;
     check::at_least(K, "output", out.len(), rows * d)?;
-    if splits == 0 || splits > MAX_SPLITS {
-        return Err(check::invalid(
-            K,
-            format!("{splits} splits (1 to {MAX_SPLITS})"),
-        ));
-    }
+    let Some(slot_indptr) = &inputs.table.slot_indptr else {
+        return Err(check::invalid(K, "the page table needs its slot_indptr"));
+    };
+    check::at_least(K, "slot_indptr", slot_indptr.len(), num_seqs + 1)?;
+    check::at_least(
+        K,
+        "workspace",
+        workspace.o.len(),
+        2 * workspace.blocks * MAX_HEADS_PER_BLOCK * d,
+    )?;
     let lse_ptr = match lse {
         Some(l) => {
             check::at_least(K, "lse", l.len(), rows)?;
@@ -102,24 +95,15 @@ pub fn decode_attention(
     if num_seqs == 0 {
         return Ok(());
     }
-    if num_seqs > i32::MAX as usize || hq > 65535 {
-        return Err(check::invalid(K, "grid too large"));
-    }
     let out_ptr = gpu.ptr_mut(out);
     check::aligned(K, "output", out_ptr)?;
-    let (part_o, part_lse) = match (splits, workspace) {
-        (1, _) => (0, 0),
-        (_, Some(ws)) => {
-            check::at_least(K, "workspace", ws.lse.len(), rows * splits)?;
-            check::at_least(K, "workspace", ws.o.len(), rows * splits * d)?;
-            (gpu.ptr_mut(&mut ws.o), gpu.ptr_mut(&mut ws.lse))
-        }
-        (_, None) => {
-            return Err(check::invalid(K, "splits > 1 needs a DecodeWorkspace"));
-        }
-    };
     let gh = heads_per_block(inputs.group());
     let f = gpu.function(Source::DecodeAttention, kernel_name(d, gh))?;
+    let blocks = blocks(gpu, d, inputs.group())?.min(workspace.blocks);
+    let (part_o, part_lse) = (
+        gpu.ptr_mut(&mut workspace.o),
+        gpu.ptr_mut(&mut workspace.lse),
+    );
     let ptrs = [
         gpu.ptr(&inputs.q),
         gpu.ptr(&inputs.k_cache),
@@ -127,19 +111,21 @@ pub fn decode_attention(
         gpu.ptr(&inputs.table.indptr),
         gpu.ptr(&inputs.table.page_ids),
         gpu.ptr(&inputs.table.page_lens),
+        gpu.ptr(slot_indptr),
         out_ptr,
         lse_ptr,
         part_o,
         part_lse,
     ];
     let ints = [
-        hq as i32,
+        check::int(K, "num_seqs", num_seqs)?,
+        check::int(K, "num_q_heads", hq)?,
         check::int(K, "num_kv_heads", inputs.cache.num_kv_heads)?,
         check::int(K, "page_size", inputs.cache.page_size)?,
         shift,
         check::int(K, "num_pages", inputs.cache.num_pages)?,
     ];
-    let splits_arg = splits as i32;
+    let min_range = MIN_RANGE as i32;
     let mut launch = gpu.stream().launch_builder(&f);
     for p in &ptrs {
         launch.arg(p);
@@ -147,14 +133,52 @@ pub fn decode_attention(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&inputs.sm_scale).arg(&splits_arg);
-    let blocks = (num_seqs as u32, (hq / gh) as u32, splits as u32);
-    unsafe { launch.launch(grid(blocks, 128)) }.during(K)?;
-    if splits > 1 {
-        merge_splits(gpu, (part_o, part_lse), (out_ptr, lse_ptr), rows, d, splits)?;
-    }
+    launch.arg(&inputs.sm_scale).arg(&min_range);
+    unsafe { launch.launch(grid((blocks as u32, 1, 1), THREADS)) }.during(K)?;
+
+    // The rows of sequences that blocks shared, from their pieces.
+    let f = gpu.function(Source::DecodeAttention, "decode_merge_pieces")?;
+    let (d_arg, gh_arg, blocks_arg) = (d as i32, gh as i32, blocks as i32);
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch
+        .arg(&ptrs[6])
+        .arg(&part_o)
+        .arg(&part_lse)
+        .arg(&out_ptr)
+        .arg(&lse_ptr);
+    launch
+        .arg(&ints[0])
+        .arg(&ints[1])
+        .arg(&d_arg)
+        .arg(&gh_arg)
+        .arg(&blocks_arg)
+        .arg(&min_range);
+    let warps_per_block = THREADS as usize / 32;
+    unsafe { launch.launch(grid((rows.div_ceil(warps_per_block) as u32, 1, 1), THREADS)) }
+        .during("decode_merge_pieces")?;
     Ok(())
     // END SOLUTION
+}
+
+/// The blocks a decode call launches at `head_dim` and GQA group size `group`: as many as fit
+/// on the GPU at once, so that they all start together (one wave).
+pub fn blocks(gpu: &Gpu, head_dim: usize, group: usize) -> Result<usize> {
+    let f = gpu.function(
+        Source::DecodeAttention,
+        kernel_name(head_dim, heads_per_block(group)),
+    )?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+        .during(K)? as usize;
+    Ok(gpu.num_sms() * per_sm.clamp(1, MAX_BLOCKS_PER_SM))
+}
+
+/// The q heads one block serves: the largest of 8, 4, 2, 1 that divides the group.
+fn heads_per_block(group: usize) -> usize {
+    [8, 4, 2, 1]
+        .into_iter()
+        .find(|g| group.is_multiple_of(*g))
+        .expect("1 divides everything")
 }
 
 fn kernel_name(d: usize, gh: usize) -> &'static str {

@@ -3,7 +3,7 @@
 //! Cascade attention computes, for a group of requests sharing a prefix, the attention of all
 //! their queries over the shared pages in one pass (no causal mask: every query comes after
 //! the prefix), then each request's attention over its own pages, and merges the two partial
-//! states per (query, head). Split-K decode merges its splits the same way.
+//! states per (query, head). The decode kernel puts a sequence shared between blocks back together the same way.
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -118,35 +118,5 @@ pub fn merge_state_into(
     }
     let threads = check::int(K, "rows * heads", rows * heads)? as usize;
     unsafe { launch.launch(grid((threads.div_ceil(128) as u32, 1, 1), 128)) }.during(K)?;
-    Ok(())
-}
-
-/// Split-K decode's final step: `part_o: f32[rows, splits, head_dim]`, `part_lse:
-/// f32[rows, splits]` -> `out: bf16[rows, head_dim]` (+ `lse_out`).
-/// The launcher ([`crate::decode::decode_attention`]) has checked every size; these are raw
-/// device addresses (`lse_ptr` 0 for none).
-pub(crate) fn merge_splits(
-    gpu: &Gpu,
-    (po, pl): (u64, u64),
-    (out_ptr, lse_ptr): (u64, u64),
-    rows: usize,
-    head_dim: usize,
-    splits: usize,
-) -> Result<()> {
-    const K: &str = "merge_splits";
-    let f = gpu.function(Source::Merge, "merge_splits")?;
-    let rows_arg = check::int(K, "rows", rows)?;
-    let (d_arg, s_arg) = (head_dim as i32, check::int(K, "splits", splits)?);
-    let mut launch = gpu.stream().launch_builder(&f);
-    launch
-        .arg(&po)
-        .arg(&pl)
-        .arg(&out_ptr)
-        .arg(&lse_ptr)
-        .arg(&rows_arg)
-        .arg(&d_arg)
-        .arg(&s_arg);
-    // Four rows (warps) a block.
-    unsafe { launch.launch(grid((rows.div_ceil(4) as u32, 1, 1), 128)) }.during(K)?;
     Ok(())
 }

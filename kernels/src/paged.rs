@@ -74,6 +74,10 @@ pub struct PageTable<'a> {
     pub indptr: CudaView<'a, i32>,
     pub page_ids: CudaView<'a, i32>,
     pub page_lens: CudaView<'a, i32>,
+    /// For the decode kernel, `i32[num_seqs + 1]`: prefix sums of each sequence's slot count
+    /// (up to its last valid slot) rounded up to 32 ([`slot_indptr`]). The kernel shares the
+    /// batch's KV out evenly among its blocks along these; the prefill kernel does not read it.
+    pub slot_indptr: Option<CudaView<'a, i32>>,
 }
 
 impl PageTable<'_> {
@@ -98,20 +102,16 @@ impl PageTable<'_> {
 /// A page table built on the host, ready to upload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPageTable {
+    pub page_size: usize,
     pub indptr: Vec<i32>,
     pub page_ids: Vec<i32>,
     pub page_lens: Vec<i32>,
 }
 
-impl Default for HostPageTable {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl HostPageTable {
-    pub fn new() -> Self {
+    pub fn new(page_size: usize) -> Self {
         Self {
+            page_size,
             indptr: vec![0],
             page_ids: Vec::new(),
             page_lens: Vec::new(),
@@ -137,6 +137,11 @@ impl HostPageTable {
         self.page_lens[a..b].iter().map(|&l| l as usize).sum()
     }
 
+    /// The decode kernel's `slot_indptr` for this table.
+    pub fn slot_indptr(&self) -> Vec<i32> {
+        slot_indptr(&self.indptr, &self.page_lens, self.page_size)
+    }
+
     pub fn max_kv_len(&self) -> usize {
         (0..self.num_seqs())
             .map(|s| self.kv_len(s))
@@ -151,6 +156,7 @@ impl HostPageTable {
             indptr: gpu.upload(&self.indptr)?,
             page_ids: gpu.upload(&pad(&self.page_ids))?,
             page_lens: gpu.upload(&pad(&self.page_lens))?,
+            slot_indptr: gpu.upload(&self.slot_indptr())?,
             entries: self.page_ids.len(),
         })
     }
@@ -162,6 +168,7 @@ pub struct DevicePageTable {
     pub indptr: CudaSlice<i32>,
     pub page_ids: CudaSlice<i32>,
     pub page_lens: CudaSlice<i32>,
+    pub slot_indptr: CudaSlice<i32>,
     entries: usize,
 }
 
@@ -171,8 +178,27 @@ impl DevicePageTable {
             indptr: self.indptr.as_view(),
             page_ids: self.page_ids.slice(..self.entries),
             page_lens: self.page_lens.slice(..self.entries),
+            slot_indptr: Some(self.slot_indptr.as_view()),
         }
     }
+}
+
+/// Prefix sums of each sequence's slot count rounded up to 32: its entries walked in slot
+/// space (`page_size` slots an entry) up to the last valid slot of its last entry. The decode
+/// kernel lays the sequences' slots end to end (once per q-head group) and gives each of its
+/// blocks an equal range of that line.
+pub fn slot_indptr(indptr: &[i32], page_lens: &[i32], page_size: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(indptr.len());
+    out.push(0);
+    for w in indptr.windows(2) {
+        let entries = (w[1] - w[0]) as usize;
+        let slots = match entries {
+            0 => 0,
+            n => (n - 1) * page_size + (page_lens[w[1] as usize - 1] as usize).min(page_size),
+        };
+        out.push(out.last().expect("starts with 0") + slots.next_multiple_of(32) as i32);
+    }
+    out
 }
 
 /// What both attention kernels read: queries, one layer's cache, and the page table.
@@ -223,7 +249,7 @@ mod tests {
 
     #[test]
     fn host_page_table_counts_partial_pages() {
-        let mut t = HostPageTable::new();
+        let mut t = HostPageTable::new(16);
         t.push_seq([(4, 16), (9, 2), (1, 16), (7, 5)]);
         t.push_seq([]);
         t.push_seq([(3, 1)]);
@@ -231,6 +257,17 @@ mod tests {
         assert_eq!(t.num_seqs(), 3);
         assert_eq!((t.kv_len(0), t.kv_len(1), t.kv_len(2)), (39, 0, 1));
         assert_eq!(t.max_kv_len(), 39);
+    }
+
+    #[test]
+    fn slot_indptr_walks_slot_space_to_the_last_valid_slot_rounded_to_32() {
+        let mut t = HostPageTable::new(16);
+        // Slot space: 3 entries of 16 slots, then 5 valid slots of the 4th: 53 -> 64.
+        t.push_seq([(4, 16), (9, 2), (1, 16), (7, 5)]);
+        t.push_seq([]);
+        t.push_seq([(3, 1)]); // 1 -> 32
+        t.push_seq([(5, 16), (6, 16)]); // 32 -> 32
+        assert_eq!(t.slot_indptr(), vec![0, 64, 64, 96, 128]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kernels::decode::{DecodeWorkspace, decode_attention, num_splits};
+use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
 use kernels::merge::{PartialState, merge_state, merge_state_into};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
@@ -87,7 +87,7 @@ impl Problem {
     }
 
     fn table(&self, seqs: &[SeqKv]) -> HostPageTable {
-        let mut t = HostPageTable::new();
+        let mut t = HostPageTable::new(self.cache.shape.page_size);
         for s in seqs {
             t.push_seq(s.entries.iter().copied());
         }
@@ -192,13 +192,7 @@ fn run_prefill(
     (out, lse)
 }
 
-fn run_decode(
-    gpu: &Gpu,
-    p: &Problem,
-    dev: &Device,
-    seqs: &[SeqKv],
-    splits: usize,
-) -> (Vec<f64>, Vec<f64>) {
+fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, seqs.len());
     let table = p.table(seqs).upload(gpu).unwrap();
     let inputs = AttentionInputs {
@@ -210,18 +204,10 @@ fn run_decode(
         num_q_heads: hq,
         sm_scale: 1.0 / (d as f32).sqrt(),
     };
-    let mut ws = DecodeWorkspace::new(gpu, n * hq, splits, d).unwrap();
+    let mut ws = DecodeWorkspace::new(gpu, d).unwrap();
     let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
     let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-    decode_attention(
-        gpu,
-        &inputs,
-        splits,
-        Some(&mut ws),
-        &mut out,
-        Some(&mut lse),
-    )
-    .unwrap();
+    decode_attention(gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
     let out = wide(&gpu.download(&out).unwrap());
     let lse = gpu
         .download(&lse)
@@ -308,8 +294,11 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
     }
 }
 
+/// Sequences of 5 to 300 tokens, some in two segments: with ranges of 256 slots the 300-token
+/// ones and those that straddle a range's end are put together from pieces, the rest are
+/// written whole by one block.
 #[test]
-fn decode_matches_reference_with_and_without_split_k() {
+fn decode_matches_reference_whole_and_in_pieces() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(21);
     let segs: Vec<(&[usize], usize)> =
@@ -326,40 +315,52 @@ fn decode_matches_reference_with_and_without_split_k() {
                 let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
                 let dev = upload(&gpu, &p);
                 let (want, want_lse) = p.reference(&p.seqs, true);
-                for splits in [1, 3, 8] {
-                    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs, splits);
-                    let name = format!("decode d{d} group{} page{ps} splits{splits}", hq / hkv);
-                    assert_close(&name, &out, &want, BF16_TOL);
-                    assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
-                }
+                let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
+                let name = format!("decode d{d} group{} page{ps}", hq / hkv);
+                assert_close(&name, &out, &want, BF16_TOL);
+                assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
             }
         }
     }
 }
 
+/// Long sequences, enough of them that the KV is shared out in ranges longer than the
+/// shortest (a sequence then spans many blocks, and a block holds pieces of several).
 #[test]
-fn decode_long_context_with_automatic_splits() {
+fn decode_long_contexts_shared_out_among_all_blocks() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(22);
     let (d, hq, hkv, ps) = (128, 16, 8, 16);
-    let segs: Vec<(&[usize], usize)> = vec![(&[3000], 1), (&[1234, 777], 1)];
-    let pages = [3000usize, 1234, 777]
-        .iter()
-        .map(|n| n.div_ceil(ps))
-        .sum::<usize>();
+    let lens: Vec<Vec<usize>> = vec![
+        vec![3000],
+        vec![1234, 777],
+        vec![2900],
+        vec![3100],
+        vec![40],
+        vec![2500, 600],
+        vec![3000],
+        vec![2999],
+        vec![3001],
+        vec![3000, 100],
+        vec![2048],
+        vec![4000],
+        vec![3333],
+    ];
+    let segs: Vec<(&[usize], usize)> = lens.iter().map(|l| (l.as_slice(), 1)).collect();
+    let pages: usize = lens.iter().flatten().map(|n| n.div_ceil(ps)).sum();
     let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
-    let splits = num_splits(&gpu, 2, hq, hkv, 3000);
-    assert!(splits > 1, "a batch of 2 should be split, got {splits}");
-    let dev = upload(&gpu, &p);
-    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs, splits);
-    let (want, want_lse) = p.reference(&p.seqs, true);
-    assert_close(
-        &format!("decode 3000 tokens, {splits} splits"),
-        &out,
-        &want,
-        BF16_TOL,
+    let table = p.table(&p.seqs);
+    let slots = *table.slot_indptr().last().unwrap() as usize * hq / 2;
+    let blocks = kernels::decode::blocks(&gpu, d, hq / hkv).unwrap();
+    assert!(
+        slots > blocks * MIN_RANGE,
+        "{slots} slots should need ranges longer than {MIN_RANGE} on {blocks} blocks"
     );
-    assert_close("decode long lse", &lse, &want_lse, 1e-3);
+    let dev = upload(&gpu, &p);
+    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
+    let (want, want_lse) = p.reference(&p.seqs, true);
+    assert_close("decode long contexts", &out, &want, BF16_TOL);
+    assert_close("decode long contexts lse", &lse, &want_lse, 1e-3);
 }
 
 /// Cascade: the shared prefix is attended once for all queries (no mask), each sequence's own
@@ -431,7 +432,8 @@ fn cascade_partials_merged_equal_flat_attention() {
         let mut o_b = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
         let mut lse_b = gpu.upload(&poison_f32(total * hq)).unwrap();
         if q_lens.iter().all(|&n| n == 1) {
-            decode_attention(&gpu, &inputs_b, 1, None, &mut o_b, Some(&mut lse_b)).unwrap();
+            let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
+            decode_attention(&gpu, &inputs_b, &mut ws, &mut o_b, Some(&mut lse_b)).unwrap();
         } else {
             let qb_indptr = gpu.upload(&p.q_indptr()).unwrap();
             let queries_b = PrefillQueries {
@@ -569,7 +571,8 @@ fn attention_refuses_unsupported_shapes() {
         sm_scale: 0.125,
     };
     let mut out = gpu.upload(&poison_bf16(4 * 64)).unwrap();
-    let err = decode_attention(&gpu, &inputs, 1, None, &mut out, None).unwrap_err();
+    let mut ws = DecodeWorkspace::new(&gpu, 64).unwrap();
+    let err = decode_attention(&gpu, &inputs, &mut ws, &mut out, None).unwrap_err();
     assert!(err.to_string().contains("power of two"), "{err}");
     let err = decode_attention(
         &gpu,
@@ -578,8 +581,7 @@ fn attention_refuses_unsupported_shapes() {
             cache: shape(64, 2, 16, 4),
             ..inputs
         },
-        1,
-        None,
+        &mut ws,
         &mut out,
         None,
     )

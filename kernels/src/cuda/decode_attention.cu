@@ -5,25 +5,31 @@
 // many loads in flight (the approach of vLLM's paged attention and FlashInfer's decode kernel).
 //
 // Who does what
-//   grid  = (sequences, q-head groups, KV splits); block = 4 warps.
-//   A block serves GH q heads that share one KV head (GQA): each K/V row is loaded once and
-//   used for all GH heads.
+//   block = 4 warps, serving GH q heads that share one KV head (GQA): each K/V row is loaded
+//   once and used for all GH heads. The grid is as many blocks as the GPU holds at once.
 //   A token's K row of D bf16 is D/8 chunks of 16 bytes, so D/8 lanes ("a token group") read
 //   one token and a warp reads 32/(D/8) tokens side by side: 512 contiguous bytes of a page.
 //   Each lane keeps its own online-softmax state (max m, sum l, output acc over its 8 dims);
 //   partial dot products are summed across the token group with shuffles.
 //   A warp issues the loads for UNROLL steps before using any of them, so 2 * UNROLL 16-byte
 //   loads per lane are in flight to hide memory latency.
-//   At the end the states of the token groups, then of the warps, are merged (same rule as
-//   FlashInfer's merge_state).
+//   At the end of a piece of work the states of the token groups, then of the warps, are merged
+//   (same rule as FlashInfer's merge_state).
 //
 // KV description: the same page table as prefill (see prefill_attention.cu): entries with a
 // page id and a valid length, walked in "slot space" of page_size slots per entry.
 //
-// Split-K (FlashDecoding, Dao et al., 2023): with few sequences there are too few blocks to keep
-// every SM busy, so the slots of a sequence are cut into num_splits ranges handled by separate
-// blocks. Each writes a partial output and its log-sum-exp in f32; merge_splits (merge.cu)
-// combines them. With num_splits == 1 the block writes the final bf16 output directly.
+// Sharing the work out evenly. In a serving batch sequences differ in length by 10x or more;
+// with one block per (sequence, head group) the GPU runs several waves of blocks and the last
+// ones, often long, run alone while most multiprocessors idle (on an H100 this cost 10-15% of
+// the read rate). Instead, every (sequence, head group) is a segment of its slots (rounded up
+// to 32, `slot_indptr` holds their prefix sums), the segments are laid end to end, and each
+// block takes one equal range of that line: all blocks start together, read the same number
+// of bytes and finish together. A range holds whole segments, whose results the block writes
+// directly, and at its two ends pieces of segments; those pieces are written as partial states
+// (f32 output and log-sum-exp) and decode_merge_pieces combines them (FlashDecoding's split-K,
+// with splits where the ranges fall instead of a fixed count per sequence; FlashInfer's decode
+// plan balances work the same way).
 
 #define DECODE_WARPS 4
 #define DECODE_UNROLL 4
@@ -52,179 +58,294 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
     ma = m;
 }
 
+#define SLOT_ALIGN 32
+
+// The range of the segment line that each block takes: an equal share, a multiple of
+// SLOT_ALIGN and at least min_range slots (a block's fixed costs need some work to hide in).
+__device__ __forceinline__ long long block_range(long long total, int blocks, int min_range) {
+    long long r = (total + blocks - 1) / blocks;
+    r = r > min_range ? r : min_range;
+    return (r + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+}
+
 template <int D, int GH>
 __device__ __forceinline__ void decode_attention(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
-    const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
-    float* __restrict__ part_o, float* __restrict__ part_lse, int num_q_heads, int num_kv_heads,
-    int page_size, int page_shift, int num_pages, float sm_scale, int num_splits) {
+    const int* __restrict__ kv_page_lens, const int* __restrict__ slot_indptr,
+    bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+    float* __restrict__ part_lse, int num_seqs, int num_q_heads, int num_kv_heads,
+    int page_size, int page_shift, int num_pages, float sm_scale, int min_range) {
     constexpr int LPT = D / 8;          // lanes per token
     constexpr int TPW = 32 / LPT;       // tokens a warp reads side by side
     constexpr int CH = TPW * DECODE_UNROLL;  // slots a warp handles per iteration
+    static_assert(SLOT_ALIGN % CH == 0, "ranges must hold whole iterations");
     __shared__ float s_m[DECODE_WARPS][GH], s_l[DECODE_WARPS][GH];
     __shared__ __align__(16) float s_acc[DECODE_WARPS][GH][D];
+    __shared__ int s_first;
 
-    const int seq = blockIdx.x, head0 = blockIdx.y * GH, split = blockIdx.z;
-    const int kv_head = head0 / (num_q_heads / num_kv_heads);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ts = lane / LPT, dc = lane % LPT;  // token slot in the warp, chunk of the row
+    const int groups = num_q_heads / GH;
+    const long long total = (long long)slot_indptr[num_seqs] * groups;
+    const long long range = block_range(total, gridDim.x, min_range);
+    const long long begin = blockIdx.x * range, end = min(total, begin + range);
+    if (begin >= end) return;
 
-    // Units run up to the last valid slot of the last entry: the empty end of a sequence's last
-    // page is not walked, so the splits share out only slots that hold tokens.
-    const int e0 = kv_indptr[seq];
-    const int num_entries = kv_indptr[seq + 1] - e0;
-    const int last_end =
-        num_entries > 0
-            ? ((num_entries - 1) << page_shift) + min(kv_page_lens[e0 + num_entries - 1], page_size)
-            : 0;
-    const int units = (last_end + CH - 1) / CH;
-    const int per_split = (units + num_splits - 1) / num_splits;
-    const int u_begin = split * per_split;
-    const int u_end = min(units, u_begin + per_split);
+    // The sequence that holds `begin`: the number of sequences that end at or before it.
+    if (threadIdx.x == 0) s_first = 0;
+    __syncthreads();
+    int before = 0;
+    for (int i = threadIdx.x + 1; i <= num_seqs; i += blockDim.x)
+        before += (long long)slot_indptr[i] * groups <= begin;
+    before = (int)warp_sum((float)before);
+    if (lane == 0 && before > 0) atomicAdd(&s_first, before);
+    __syncthreads();
+    int seq = s_first;
 
-    // The query chunk of each head, pre-scaled so that scores come out in log2 units.
-    float qf[GH][8];
     const float scale = sm_scale * LOG2E;
-#pragma unroll
-    for (int g = 0; g < GH; ++g) {
-        const uint4 c = *reinterpret_cast<const uint4*>(
-            q + ((size_t)seq * num_q_heads + head0 + g) * D + dc * 8);
-        chunk_to_float(c, qf[g]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) qf[g][i] *= scale;
-    }
+    long long pos = begin;
+    while (pos < end) {
+        while ((long long)slot_indptr[seq + 1] * groups <= pos) ++seq;  // skips empty ones
+        const long long seq_base = (long long)slot_indptr[seq] * groups;
+        const int seg = slot_indptr[seq + 1] - slot_indptr[seq];
+        const int g = (int)((pos - seq_base) / seg);
+        const int lo = (int)(pos - seq_base - (long long)g * seg);
+        const int hi = (int)min((long long)seg, end - seq_base - (long long)g * seg);
+        const int head0 = g * GH;
+        const int kv_head = head0 / (num_q_heads / num_kv_heads);
 
-    float m[GH], l[GH], acc[GH][8];
-#pragma unroll
-    for (int g = 0; g < GH; ++g) {
-        m[g] = neg_inf();
-        l[g] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
-    }
+        // Units run up to the last valid slot of the last entry: the empty end of a sequence's
+        // last page is not walked.
+        const int e0 = kv_indptr[seq];
+        const int num_entries = kv_indptr[seq + 1] - e0;
+        const int last_end =
+            num_entries > 0 ? ((num_entries - 1) << page_shift) +
+                                  min(kv_page_lens[e0 + num_entries - 1], page_size)
+                            : 0;
+        const int u_begin = lo / CH;
+        const int u_end = (min(hi, last_end) + CH - 1) / CH;
 
-    for (int u = u_begin + warp; u < u_end; u += DECODE_WARPS) {
-        uint4 kc[DECODE_UNROLL], vc[DECODE_UNROLL];
-        bool valid[DECODE_UNROLL];
-        // Issue every load of this iteration first...
+        // The query chunk of each head, pre-scaled so that scores come out in log2 units.
+        float qf[GH][8];
 #pragma unroll
-        for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
-            const int slot = u * CH + uu * TPW + ts;
-            const int e = slot >> page_shift, offset = slot & (page_size - 1);
-            valid[uu] = false;
-            if (e < num_entries) {
-                const int page = kv_page_ids[e0 + e];
-                valid[uu] = offset < kv_page_lens[e0 + e] && page >= 0 && page < num_pages;
-                if (valid[uu]) {
-                    const size_t row = ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
-                    kc[uu] = load_kv(k_cache + row * D + dc * 8);
-                    vc[uu] = load_kv(v_cache + row * D + dc * 8);
+        for (int h = 0; h < GH; ++h) {
+            const uint4 c = *reinterpret_cast<const uint4*>(
+                q + ((size_t)seq * num_q_heads + head0 + h) * D + dc * 8);
+            chunk_to_float(c, qf[h]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) qf[h][i] *= scale;
+        }
+
+        float m[GH], l[GH], acc[GH][8];
+#pragma unroll
+        for (int h = 0; h < GH; ++h) {
+            m[h] = neg_inf();
+            l[h] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[h][i] = 0.f;
+        }
+
+        for (int u = u_begin + warp; u < u_end; u += DECODE_WARPS) {
+            uint4 kc[DECODE_UNROLL], vc[DECODE_UNROLL];
+            bool valid[DECODE_UNROLL];
+            // Issue every load of this iteration first...
+#pragma unroll
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
+                const int slot = u * CH + uu * TPW + ts;
+                const int e = slot >> page_shift, offset = slot & (page_size - 1);
+                valid[uu] = false;
+                if (e < num_entries) {
+                    const int page = kv_page_ids[e0 + e];
+                    valid[uu] = offset < kv_page_lens[e0 + e] && page >= 0 && page < num_pages;
+                    if (valid[uu]) {
+                        const size_t row =
+                            ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
+                        kc[uu] = load_kv(k_cache + row * D + dc * 8);
+                        vc[uu] = load_kv(v_cache + row * D + dc * 8);
+                    }
+                }
+                if (!valid[uu]) kc[uu] = vc[uu] = make_uint4(0, 0, 0, 0);
+            }
+            // ...then use them: scores of every (token, head), summed over the token group.
+            float sc[DECODE_UNROLL][GH];
+#pragma unroll
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
+                float kf[8];
+                chunk_to_float(kc[uu], kf);
+#pragma unroll
+                for (int h = 0; h < GH; ++h) {
+                    float part = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) part += qf[h][i] * kf[i];
+#pragma unroll
+                    for (int o = LPT / 2; o > 0; o >>= 1)
+                        part += __shfl_xor_sync(FULL_MASK, part, o);
+                    sc[uu][h] = valid[uu] ? part : neg_inf();
                 }
             }
-            if (!valid[uu]) kc[uu] = vc[uu] = make_uint4(0, 0, 0, 0);
-        }
-        // ...then use them: scores of every (token, head), summed over the token group.
-        float sc[DECODE_UNROLL][GH];
+            // Online softmax: rescale once per iteration, then add the UNROLL tokens.
 #pragma unroll
-        for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
-            float kf[8];
-            chunk_to_float(kc[uu], kf);
+            for (int h = 0; h < GH; ++h) {
+                float m_new = m[h];
 #pragma unroll
-            for (int g = 0; g < GH; ++g) {
-                float part = 0.f;
+                for (int uu = 0; uu < DECODE_UNROLL; ++uu) m_new = fmaxf(m_new, sc[uu][h]);
+                if (m_new == neg_inf()) continue;
+                const float alpha = exp2f(m[h] - m_new);
+                l[h] *= alpha;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) part += qf[g][i] * kf[i];
+                for (int i = 0; i < 8; ++i) acc[h][i] *= alpha;
+                m[h] = m_new;
+            }
 #pragma unroll
-                for (int o = LPT / 2; o > 0; o >>= 1) part += __shfl_xor_sync(FULL_MASK, part, o);
-                sc[uu][g] = valid[uu] ? part : neg_inf();
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
+                float vf[8];
+                chunk_to_float(vc[uu], vf);
+#pragma unroll
+                for (int h = 0; h < GH; ++h) {
+                    const float p = m[h] == neg_inf() ? 0.f : exp2f(sc[uu][h] - m[h]);
+                    l[h] += p;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h][i] += p * vf[i];
+                }
             }
         }
-        // Online softmax: rescale once per iteration, then add the UNROLL tokens.
-#pragma unroll
-        for (int g = 0; g < GH; ++g) {
-            float m_new = m[g];
-#pragma unroll
-            for (int uu = 0; uu < DECODE_UNROLL; ++uu) m_new = fmaxf(m_new, sc[uu][g]);
-            if (m_new == neg_inf()) continue;
-            const float alpha = exp2f(m[g] - m_new);
-            l[g] *= alpha;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
-            m[g] = m_new;
-        }
-#pragma unroll
-        for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
-            float vf[8];
-            chunk_to_float(vc[uu], vf);
-#pragma unroll
-            for (int g = 0; g < GH; ++g) {
-                const float p = m[g] == neg_inf() ? 0.f : exp2f(sc[uu][g] - m[g]);
-                l[g] += p;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] += p * vf[i];
-            }
-        }
-    }
 
-    // Merge the token groups of the warp: lanes with the same dc hold the same 8 dims.
+        // Merge the token groups of the warp: lanes with the same dc hold the same 8 dims.
 #pragma unroll
-    for (int o = LPT; o < 32; o <<= 1) {
+        for (int o = LPT; o < 32; o <<= 1) {
 #pragma unroll
-        for (int g = 0; g < GH; ++g) {
-            float other[8];
+            for (int h = 0; h < GH; ++h) {
+                float other[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(FULL_MASK, acc[g][i], o);
-            const float mo = __shfl_xor_sync(FULL_MASK, m[g], o);
-            const float lo = __shfl_xor_sync(FULL_MASK, l[g], o);
-            merge_into(m[g], l[g], acc[g], mo, lo, other);
-        }
-    }
-    // Then the warps, through shared memory.
-    if (ts == 0) {
-#pragma unroll
-        for (int g = 0; g < GH; ++g) {
-            if (dc == 0) {
-                s_m[warp][g] = m[g];
-                s_l[warp][g] = l[g];
+                for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(FULL_MASK, acc[h][i], o);
+                const float mo = __shfl_xor_sync(FULL_MASK, m[h], o);
+                const float lo_ = __shfl_xor_sync(FULL_MASK, l[h], o);
+                merge_into(m[h], l[h], acc[h], mo, lo_, other);
             }
+        }
+        // Then the warps, through shared memory.
+        if (ts == 0) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) s_acc[warp][g][dc * 8 + i] = acc[g][i];
+            for (int h = 0; h < GH; ++h) {
+                if (dc == 0) {
+                    s_m[warp][h] = m[h];
+                    s_l[warp][h] = l[h];
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s_acc[warp][h][dc * 8 + i] = acc[h][i];
+            }
+        }
+        __syncthreads();
+        if (warp == 0 && ts == 0) {
+            // A whole segment is the final result; a piece of one is a partial state in the
+            // block's slot 0 (the piece its range starts with) or 1 (the one it ends with).
+            const bool whole = lo == 0 && hi == seg;
+            const int piece = blockIdx.x * 2 + (pos == begin ? 0 : 1);
+#pragma unroll
+            for (int h = 0; h < GH; ++h) {
+                for (int w = 1; w < DECODE_WARPS; ++w)
+                    merge_into(m[h], l[h], acc[h], s_m[w][h], s_l[w][h], &s_acc[w][h][dc * 8]);
+                const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+                float y[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) y[i] = acc[h][i] * inv;
+                const float row_lse = l[h] > 0.f ? (m[h] + log2f(l[h])) * LN2 : neg_inf();
+                if (whole) {
+                    const size_t row = (size_t)seq * num_q_heads + head0 + h;
+                    *reinterpret_cast<uint4*>(out + row * D + dc * 8) = float_to_chunk(y);
+                    if (lse != nullptr && dc == 0) lse[row] = row_lse;
+                } else {
+                    float* dst = part_o + ((size_t)piece * GH + h) * D + dc * 8;
+                    *reinterpret_cast<float4*>(dst) = make_float4(y[0], y[1], y[2], y[3]);
+                    *reinterpret_cast<float4*>(dst + 4) = make_float4(y[4], y[5], y[6], y[7]);
+                    if (dc == 0) part_lse[(size_t)piece * GH + h] = row_lse;
+                }
+            }
+        }
+        __syncthreads();  // shared memory is reused by the next piece
+        pos = seq_base + (long long)g * seg + hi;
+    }
+}
+
+// Combines the pieces of every segment that two or more blocks shared; rows of segments a block
+// held whole were written by it, and rows of empty segments (no KV) get zeros and lse -inf.
+// One warp per (sequence, q head): lanes take pieces 32 at a time for the weights, then each
+// lane owns D/32 of the output's dims. `blocks`, `min_range` and `gh` are the decode call's.
+extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indptr,
+                                               const float* __restrict__ part_o,
+                                               const float* __restrict__ part_lse,
+                                               bf16* __restrict__ out, float* __restrict__ lse,
+                                               int num_seqs, int num_q_heads, int head_dim,
+                                               int gh, int blocks, int min_range) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= num_seqs * num_q_heads) return;  // the whole warp leaves together
+    const int seq = row / num_q_heads, head = row % num_q_heads;
+    const int g = head / gh, h = head % gh, groups = num_q_heads / gh;
+    const int seg = slot_indptr[seq + 1] - slot_indptr[seq];
+    if (seg == 0) {
+        for (int d = lane; d < head_dim; d += 32) out[(size_t)row * head_dim + d] = __float2bfloat16(0.f);
+        if (lse != nullptr && lane == 0) lse[row] = neg_inf();
+        return;
+    }
+    const long long range =
+        block_range((long long)slot_indptr[num_seqs] * groups, blocks, min_range);
+    const long long a = (long long)slot_indptr[seq] * groups + (long long)g * seg;
+    const long long c0 = a / range, c1 = (a + seg - 1) / range;
+    if (c0 == c1) return;
+    const int n = (int)(c1 - c0 + 1);
+    // Piece i is block c0 + i's slot 0, except the first when the segment starts inside the
+    // first block's range (then it is that block's slot 1).
+    const bool first_in_slot1 = a != c0 * range;
+    auto piece = [&](int i) -> size_t {
+        return ((size_t)(c0 + i) * 2 + (i == 0 && first_in_slot1 ? 1 : 0)) * gh + h;
+    };
+    float mx = neg_inf();
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, part_lse[piece(i)]);
+    mx = warp_max(mx);
+    if (mx == neg_inf()) {  // every piece empty
+        for (int d = lane; d < head_dim; d += 32) out[(size_t)row * head_dim + d] = __float2bfloat16(0.f);
+        if (lse != nullptr && lane == 0) lse[row] = neg_inf();
+        return;
+    }
+    float y[4] = {0.f, 0.f, 0.f, 0.f};  // head_dim <= 128: at most 4 dims a lane
+    float total = 0.f;
+    for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + lane;
+        const float w = i < n ? expf(part_lse[piece(i)] - mx) : 0.f;
+        total += w;
+        const int count = min(32, n - i0);
+        for (int j = 0; j < count; ++j) {
+            const float wj = __shfl_sync(FULL_MASK, w, j);
+            const float* o = part_o + piece(i0 + j) * head_dim;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int d = lane + 32 * k;
+                if (d < head_dim) y[k] += wj * o[d];
+            }
         }
     }
-    __syncthreads();
-    if (warp != 0 || ts != 0) return;
+    total = warp_sum(total);
 #pragma unroll
-    for (int g = 0; g < GH; ++g) {
-        for (int w = 1; w < DECODE_WARPS; ++w)
-            merge_into(m[g], l[g], acc[g], s_m[w][g], s_l[w][g], &s_acc[w][g][dc * 8]);
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        float y[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) y[i] = acc[g][i] * inv;
-        const float row_lse = l[g] > 0.f ? (m[g] + log2f(l[g])) * LN2 : neg_inf();
-        const size_t row = (size_t)seq * num_q_heads + head0 + g;
-        if (num_splits == 1) {
-            *reinterpret_cast<uint4*>(out + row * D + dc * 8) = float_to_chunk(y);
-            if (lse != nullptr && dc == 0) lse[row] = row_lse;
-        } else {
-            float* dst = part_o + (row * num_splits + split) * D + dc * 8;
-            *reinterpret_cast<float4*>(dst) = make_float4(y[0], y[1], y[2], y[3]);
-            *reinterpret_cast<float4*>(dst + 4) = make_float4(y[4], y[5], y[6], y[7]);
-            if (dc == 0) part_lse[row * num_splits + split] = row_lse;
-        }
+    for (int k = 0; k < 4; ++k) {
+        const int d = lane + 32 * k;
+        if (d < head_dim) out[(size_t)row * head_dim + d] = __float2bfloat16(y[k] / total);
     }
+    if (lse != nullptr && lane == 0) lse[row] = mx + logf(total);
 }
 
 #define DECODE(D, GH)                                                                          \
     extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attention_d##D##_g##GH( \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* kv_indptr,         \
-        const int* kv_page_ids, const int* kv_page_lens, bf16* out, float* lse, float* part_o, \
-        float* part_lse, int num_q_heads, int num_kv_heads, int page_size, int page_shift,     \
-        int num_pages, float sm_scale, int num_splits) {                                       \
-        decode_attention<D, GH>(q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens, out, \
-                                lse, part_o, part_lse, num_q_heads, num_kv_heads, page_size,   \
-                                page_shift, num_pages, sm_scale, num_splits);                  \
+        const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
+        float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \
+        int num_kv_heads, int page_size, int page_shift, int num_pages, float sm_scale,        \
+        int min_range) {                                                                       \
+        decode_attention<D, GH>(q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens,     \
+                                slot_indptr, out, lse, part_o, part_lse, num_seqs, num_q_heads, \
+                                num_kv_heads, page_size, page_shift, num_pages, sm_scale,      \
+                                min_range);                                                    \
     }
 
 DECODE(32, 1)

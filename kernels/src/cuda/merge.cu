@@ -38,30 +38,6 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
     if (lse_out != nullptr && i % chunks == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
 }
 
-// Split-K decode: part_o [rows][splits][D] f32 and part_lse [rows][splits] -> bf16 [rows, D].
-// One warp per row: lane s holds split s's weight (at most 32 splits), so each row computes its
-// exponentials once, and the lanes read the partial outputs 128 contiguous bytes at a time.
-extern "C" __global__ void merge_splits(const float* __restrict__ part_o,
-                                        const float* __restrict__ part_lse,
-                                        bf16* __restrict__ out, float* __restrict__ lse_out,
-                                        int rows, int head_dim, int num_splits) {
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;  // the whole warp leaves together
-    const float mine = lane < num_splits ? part_lse[(size_t)row * num_splits + lane] : neg_inf();
-    const float m = warp_max(mine);
-    const float w = m != neg_inf() && lane < num_splits ? expf(mine - m) : 0.f;
-    const float total = warp_sum(w);
-    const float* o = part_o + (size_t)row * num_splits * head_dim;
-    for (int d = lane; d < head_dim; d += 32) {  // head_dim is a multiple of 32
-        float y = 0.f;
-        for (int s = 0; s < num_splits; ++s)
-            y += o[(size_t)s * head_dim + d] * __shfl_sync(FULL_MASK, w, s);
-        out[(size_t)row * head_dim + d] = __float2bfloat16(m == neg_inf() ? 0.f : y / total);
-    }
-    if (lse_out != nullptr && lane == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
-}
-
 // Cascade with gathered queries: a partial state computed for gathered rows (o_part [n, H, D],
 // lse_part [n, H], where gathered row i is token index[i]) is folded into the main state
 // (o [T, H, D], lse [T, H]) in place. One thread per (gathered row, head) owns that head's D

@@ -62,6 +62,8 @@ impl Dims {
 /// The page table of one attention call, as device views.
 pub(crate) struct TableViews<'a> {
     pub indptr: CudaView<'a, i32>,
+    /// The decode table's `slot_indptr` (`kernels::paged::PageTable`).
+    pub slot_indptr: Option<CudaView<'a, i32>>,
     pub page_ids: CudaView<'a, i32>,
     pub page_lens: CudaView<'a, i32>,
 }
@@ -72,6 +74,7 @@ impl<'a> TableViews<'a> {
             indptr: self.indptr.slice(..),
             page_ids: self.page_ids.slice(..),
             page_lens: self.page_lens.slice(..),
+            slot_indptr: self.slot_indptr.as_ref().map(|o| o.slice(..)),
         }
     }
 
@@ -83,7 +86,6 @@ impl<'a> TableViews<'a> {
 /// One-token sequences, rows `0..num_seqs`, through the decode kernel.
 pub(crate) struct DecodePart<'a> {
     pub table: TableViews<'a>,
-    pub splits: usize,
 }
 
 /// Query rows against paged KV through the prefill kernel.
@@ -140,9 +142,8 @@ pub(crate) struct Activations {
 }
 
 impl Activations {
-    /// Buffers for steps of up to `tokens` rows and `seqs` sequences; the decode workspace
-    /// holds `split_rows` (query head, split) partial results.
-    pub fn new(gpu: &Gpu, m: &Dims, tokens: usize, seqs: usize, split_rows: usize) -> Result<Self> {
+    /// Buffers for steps of up to `tokens` rows and `seqs` sequences.
+    pub fn new(gpu: &Gpu, m: &Dims, tokens: usize, seqs: usize) -> Result<Self> {
         let mut bytes = 0;
         let mut bf = |n: usize| {
             bytes += 2 * n;
@@ -158,7 +159,9 @@ impl Activations {
         let part_q = bf(tokens * qw)?;
         let part_o = bf(tokens * qw)?;
         let last = bf(seqs * m.hidden)?;
-        bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs) + 4 * split_rows * (m.head_dim + 1);
+        bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs);
+        let decode_ws = DecodeWorkspace::new(gpu, m.head_dim)?;
+        bytes += decode_ws.bytes();
         bytes += 4 * split_k::MAX_PARTIALS;
         Ok(Self {
             resid,
@@ -172,7 +175,7 @@ impl Activations {
             part_q,
             part_o,
             part_lse: gpu.zeros(tokens * hq)?,
-            decode_ws: DecodeWorkspace::new(gpu, split_rows, 1, m.head_dim)?,
+            decode_ws,
             last,
             logits: gpu.zeros(seqs * m.vocab)?,
             sampled: gpu.zeros(seqs)?,
@@ -480,8 +483,7 @@ fn attention(
         let mut out = a.attn.slice_mut(..n * qw);
         let mut lse = a.lse.slice_mut(..n * hq);
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
-        let ws = Some(&mut a.decode_ws);
-        decode::decode_attention(gpu, &inputs, d.splits, ws, &mut out, lse)?;
+        decode::decode_attention(gpu, &inputs, &mut a.decode_ws, &mut out, lse)?;
         first = n;
     }
     if let Some(p) = &s.prefill {

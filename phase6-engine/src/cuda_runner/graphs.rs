@@ -10,7 +10,6 @@
 //! kernel's split count assumes the longest sequence, and each sequence may use up to
 //! `entries_per_seq` page entries (a step that needs more runs eagerly).
 
-use kernels::decode;
 use kernels::gemm_tuning::Tuned;
 use kernels::graph::{self, Graph};
 use kernels::sampling::SampleParams;
@@ -86,8 +85,7 @@ pub(crate) fn bucket_sizes(max: usize) -> Vec<usize> {
 }
 
 impl DecodeGraphs {
-    /// Captures one graph per bucket up to `limits.max_seqs` sequences. `max_kv_len` is the
-    /// longest sequence the cache can hold, which sizes the decode kernel's splits. With
+    /// Captures one graph per bucket up to `limits.max_seqs` sequences. With
     /// `tune_gemms`, each bucket's products get their cuBLASLt algorithm chosen by timing
     /// before its capture.
     pub fn capture(
@@ -95,7 +93,6 @@ impl DecodeGraphs {
         model: Model<'_>,
         limits: &Limits,
         entries_per_seq: usize,
-        max_kv_len: usize,
         tune_gemms: bool,
     ) -> Result<Self> {
         let Model {
@@ -130,8 +127,7 @@ impl DecodeGraphs {
             }
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
-            let splits = decode::num_splits(gpu, size, dims.heads, dims.kv_heads, max_kv_len);
-            let inputs = staging.inputs(&layout, splits);
+            let inputs = staging.inputs(&layout);
             // One eager run first: every kernel is loaded and cuBLAS has chosen its algorithms
             // before anything is recorded.
             forward::run(gpu, dims, weights, act, kv, &inputs)?;

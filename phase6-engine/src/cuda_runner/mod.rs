@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
 use kernels::paged::CacheShape;
-use kernels::{CudaEvent, Gpu, PinnedHostSlice, decode, gather, sampling};
+use kernels::{CudaEvent, Gpu, PinnedHostSlice, gather, sampling};
 use phase0::{SeqId, TokenId};
 use phase1::{BlockTable, KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, PENDING_TOKEN, Weights};
@@ -205,13 +205,8 @@ impl CudaRunner {
         let weights = DeviceWeights::upload(&gpu, config, weights)?;
 
         let (hq, hkv) = (dims.heads, dims.kv_heads);
-        let split_rows = (1..=options.max_num_seqs)
-            .map(|n| n * hq * decode::num_splits(&gpu, n, hq, hkv, usize::MAX))
-            .max()
-            .unwrap_or(0);
         let (tokens, seqs) = (options.max_num_batched_tokens, options.max_num_seqs);
-        let mut act =
-            Activations::new(&gpu, &dims, tokens, seqs, split_rows).map_err(device_error)?;
+        let mut act = Activations::new(&gpu, &dims, tokens, seqs).map_err(device_error)?;
         let staging = Staging::new(&gpu, 8 * tokens + 16 * seqs + 4096).map_err(device_error)?;
 
         let (free, total) = gpu.memory_info().map_err(device_error)?;
@@ -251,18 +246,10 @@ impl CudaRunner {
                 act: &mut act,
                 kv: &mut kv,
             };
-            let max_kv_len = max_pages * options.page_size;
             let entries = max_pages + SPARE_ENTRIES;
             Some(
-                DecodeGraphs::capture(
-                    &gpu,
-                    model,
-                    &limits,
-                    entries,
-                    max_kv_len,
-                    options.tune_gemms,
-                )
-                .map_err(device_error)?,
+                DecodeGraphs::capture(&gpu, model, &limits, entries, options.tune_gemms)
+                    .map_err(device_error)?,
             )
         };
         let (after, _) = gpu.memory_info().map_err(device_error)?;
@@ -360,14 +347,7 @@ impl CudaRunner {
                         .map_err(device_error)?;
                 }
                 let d = &self.dims;
-                let splits = decode::num_splits(
-                    &self.gpu,
-                    plan.decode.num_seqs(),
-                    d.heads,
-                    d.kv_heads,
-                    plan.decode.max_kv_len,
-                );
-                let inputs = self.staging.inputs(&layout, splits);
+                let inputs = self.staging.inputs(&layout);
                 forward::run(
                     &self.gpu,
                     d,

@@ -58,7 +58,9 @@ pub(crate) struct Table {
     pub indptr: Vec<i32>,
     pub page_ids: Vec<i32>,
     pub page_lens: Vec<i32>,
-    pub max_kv_len: usize,
+    /// Prefix sums of each sequence's slots, rounded up to 32: how the decode kernel shares
+    /// the KV out among its blocks (`kernels::paged::slot_indptr`).
+    pub slot_indptr: Vec<i32>,
 }
 
 impl Table {
@@ -67,8 +69,21 @@ impl Table {
             indptr: vec![0],
             page_ids: Vec::new(),
             page_lens: Vec::new(),
-            max_kv_len: 0,
+            slot_indptr: vec![0],
         }
+    }
+
+    /// Closes the sequence whose entries were just pushed, starting at entry `first`.
+    fn end_seq(&mut self, first: usize, page_size: usize) {
+        let entries = self.page_ids.len() - first;
+        let slots = match self.page_lens.last() {
+            Some(&last) if entries > 0 => (entries - 1) * page_size + last as usize,
+            _ => 0,
+        };
+        let before = *self.slot_indptr.last().expect("starts with 0");
+        self.slot_indptr
+            .push(before + slots.next_multiple_of(32) as i32);
+        self.indptr.push(self.page_ids.len() as i32);
     }
 
     /// Appends one sequence whose KV is `segments`, in order. A segment's last page may be
@@ -78,7 +93,7 @@ impl Table {
         segments: impl IntoIterator<Item = &'a BlockTable>,
         page_size: usize,
     ) {
-        let mut len = 0;
+        let first = self.page_ids.len();
         for segment in segments {
             let n = segment.num_tokens();
             for (k, &page) in segment.pages()[..n.div_ceil(page_size)].iter().enumerate() {
@@ -86,10 +101,8 @@ impl Table {
                 self.page_lens
                     .push((n - k * page_size).min(page_size) as i32);
             }
-            len += n;
         }
-        self.indptr.push(self.page_ids.len() as i32);
-        self.max_kv_len = self.max_kv_len.max(len);
+        self.end_seq(first, page_size);
     }
 
     /// Appends one sequence that reads `pages` of `segment`, a range of its written pages.
@@ -100,15 +113,13 @@ impl Table {
         page_size: usize,
     ) {
         let n = segment.num_tokens();
-        let mut len = 0;
+        let first = self.page_ids.len();
         for k in pages {
             let tokens = (n - k * page_size).min(page_size);
             self.page_ids.push(segment.pages()[k] as i32);
             self.page_lens.push(tokens as i32);
-            len += tokens;
         }
-        self.indptr.push(self.page_ids.len() as i32);
-        self.max_kv_len = self.max_kv_len.max(len);
+        self.end_seq(first, page_size);
     }
 
     pub fn num_seqs(&self) -> usize {
@@ -300,6 +311,10 @@ impl StepPlan {
             self.slots.extend([-1, 0]);
         }
         self.decode.indptr.extend(std::iter::repeat_n(last, extra));
+        let slots = *self.decode.slot_indptr.last().expect("starts with 0");
+        self.decode
+            .slot_indptr
+            .extend(std::iter::repeat_n(slots, extra));
         let rows = bucket.saturating_sub(self.sample_rows.len());
         self.sample_rows.extend(std::iter::repeat_n(0, rows));
         self.params
@@ -472,6 +487,9 @@ mod tests {
         assert_eq!(plan.prefill.table.indptr, vec![0, 2, 4]);
         assert_eq!(plan.prefill.table.page_lens, vec![16, 4, 16, 1]);
         assert_eq!(plan.prefill.max_q, 3);
+        // Slots up to the last valid one, rounded up to 32 (7 and 20 -> 32).
+        assert_eq!(plan.decode.slot_indptr, vec![0, 32]);
+        assert_eq!(plan.prefill.table.slot_indptr, vec![0, 32, 64]);
         // Sampled rows in batch order: seq 0's last token (row 3), then seq 1 (row 0).
         assert_eq!(plan.sample_rows, vec![3, 0]);
         assert_eq!(plan.num_sampled, 2);
@@ -511,7 +529,6 @@ mod tests {
         assert_eq!(level.rows, vec![2, 3, 4, 5, 6, 0]);
         assert_eq!(level.groups.q_indptr, vec![0, 6]);
         assert_eq!(level.groups.table.page_lens, vec![16, 16, 5]);
-        assert_eq!(level.groups.table.max_kv_len, 37);
     }
 
     #[test]
@@ -604,6 +621,7 @@ mod tests {
         assert_eq!(plan.ids.len(), 4);
         assert_eq!(&plan.slots[2..], &[-1, 0, -1, 0, -1, 0]);
         assert_eq!(plan.decode.indptr, vec![0, 1, 1, 1, 1]);
+        assert_eq!(plan.decode.slot_indptr, vec![0, 32, 32, 32, 32]);
         assert_eq!(plan.sample_rows, vec![0, 0, 0, 0]);
         assert_eq!((plan.params.len(), plan.num_sampled), (4, 1));
     }

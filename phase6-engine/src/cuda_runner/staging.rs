@@ -30,6 +30,8 @@ pub(crate) struct Region {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct TableRegions {
     indptr: Region,
+    /// The decode table's `slot_indptr`; prefill tables have none.
+    slot_indptr: Option<Region>,
     page_ids: Region,
     page_lens: Region,
 }
@@ -81,6 +83,7 @@ impl Layout {
             self.params,
             self.decode.indptr,
         ];
+        regions.extend(self.decode.slot_indptr);
         regions.extend([self.decode.page_ids, self.decode.page_lens]);
         regions.iter().map(|r| r.offset).collect()
     }
@@ -118,14 +121,15 @@ impl Packer<'_> {
     fn prefill(&mut self, p: &Prefill) -> PrefillRegions {
         PrefillRegions {
             q_indptr: self.push_i32(&p.q_indptr, 0),
-            table: self.table(&p.table, 0),
+            table: self.table(&p.table, 0, false),
             max_q: p.max_q,
         }
     }
 
-    fn table(&mut self, t: &Table, entry_capacity: usize) -> TableRegions {
+    fn table(&mut self, t: &Table, entry_capacity: usize, decode: bool) -> TableRegions {
         TableRegions {
             indptr: self.push_i32(&t.indptr, 0),
+            slot_indptr: decode.then(|| self.push_i32(&t.slot_indptr, 0)),
             page_lens: self.push_i32(&t.page_lens, entry_capacity),
             page_ids: self.push_i32(&t.page_ids, entry_capacity),
         }
@@ -157,7 +161,7 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
             )
         })
         .collect();
-    let decode = p.table(&plan.decode, entry_capacity);
+    let decode = p.table(&plan.decode, entry_capacity, true);
     let used = p.used;
     let mut copies: Vec<(usize, usize)> = Vec::new();
     for (start, end) in used {
@@ -250,11 +254,11 @@ impl Staging {
         gpu.record(&self.copied)
     }
 
-    /// The kernels' views of a step packed with `layout`; `splits` is the decode kernel's KV
-    /// split count.
-    pub fn inputs(&self, layout: &Layout, splits: usize) -> StepInputs<'_> {
+    /// The kernels' views of a step packed with `layout`.
+    pub fn inputs(&self, layout: &Layout) -> StepInputs<'_> {
         let table = |t: &TableRegions| TableViews {
             indptr: self.i32s(t.indptr),
+            slot_indptr: t.slot_indptr.map(|r| self.i32s(r)),
             page_ids: self.i32s(t.page_ids),
             page_lens: self.i32s(t.page_lens),
         };
@@ -272,7 +276,6 @@ impl Staging {
             sample_rows: self.words(layout.sample_rows),
             decode: (num_decode > 0).then(|| DecodePart {
                 table: table(&layout.decode),
-                splits,
             }),
             prefill: (num_prefill > 0).then(|| prefill(&layout.prefill)),
             levels: layout
