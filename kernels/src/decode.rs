@@ -38,6 +38,9 @@ pub struct DecodeWorkspace {
     o: CudaSlice<f32>,
     lse: CudaSlice<f32>,
     blocks: usize,
+    /// The grid of the last call, by (head_dim, group): asking the driver for occupancy every
+    /// call would cost the host a few microseconds a layer.
+    grid: Option<((usize, usize), usize)>,
 }
 
 impl DecodeWorkspace {
@@ -49,6 +52,7 @@ impl DecodeWorkspace {
             o: gpu.zeros(pieces * head_dim)?,
             lse: gpu.zeros(pieces)?,
             blocks,
+            grid: None,
         })
     }
 
@@ -99,7 +103,15 @@ pub fn decode_attention(
     check::aligned(K, "output", out_ptr)?;
     let gh = heads_per_block(inputs.group());
     let f = gpu.function(Source::DecodeAttention, kernel_name(d, gh))?;
-    let blocks = blocks(gpu, d, inputs.group())?.min(workspace.blocks);
+    let key = (d, inputs.group());
+    let blocks = match workspace.grid {
+        Some((k, blocks)) if k == key => blocks,
+        _ => {
+            let blocks = blocks(gpu, d, inputs.group())?.min(workspace.blocks);
+            workspace.grid = Some((key, blocks));
+            blocks
+        }
+    };
     let (part_o, part_lse) = (
         gpu.ptr_mut(&mut workspace.o),
         gpu.ptr_mut(&mut workspace.lse),
