@@ -191,14 +191,20 @@ pub fn slot_indptr(indptr: &[i32], page_lens: &[i32], page_size: usize) -> Vec<i
     let mut out = Vec::with_capacity(indptr.len());
     out.push(0);
     for w in indptr.windows(2) {
-        let entries = (w[1] - w[0]) as usize;
-        let slots = match entries {
-            0 => 0,
-            n => (n - 1) * page_size + (page_lens[w[1] as usize - 1] as usize).min(page_size),
-        };
-        out.push(out.last().expect("starts with 0") + slots.next_multiple_of(32) as i32);
+        let slots = seq_slots(&page_lens[w[0] as usize..w[1] as usize], page_size);
+        out.push(out.last().expect("starts with 0") + slots as i32);
     }
     out
+}
+
+/// One sequence's term of [`slot_indptr`]: its entries' `page_lens` walked in slot space up
+/// to the last valid slot, rounded up to 32.
+pub fn seq_slots(page_lens: &[i32], page_size: usize) -> usize {
+    let slots = match page_lens {
+        [] => 0,
+        [.., last] => (page_lens.len() - 1) * page_size + (*last as usize).min(page_size),
+    };
+    slots.next_multiple_of(32)
 }
 
 /// What both attention kernels read: queries, one layer's cache, and the page table.

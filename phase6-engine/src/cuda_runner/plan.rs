@@ -75,14 +75,9 @@ impl Table {
 
     /// Closes the sequence whose entries were just pushed, starting at entry `first`.
     fn end_seq(&mut self, first: usize, page_size: usize) {
-        let entries = self.page_ids.len() - first;
-        let slots = match self.page_lens.last() {
-            Some(&last) if entries > 0 => (entries - 1) * page_size + last as usize,
-            _ => 0,
-        };
+        let slots = kernels::paged::seq_slots(&self.page_lens[first..], page_size);
         let before = *self.slot_indptr.last().expect("starts with 0");
-        self.slot_indptr
-            .push(before + slots.next_multiple_of(32) as i32);
+        self.slot_indptr.push(before + slots as i32);
         self.indptr.push(self.page_ids.len() as i32);
     }
 
