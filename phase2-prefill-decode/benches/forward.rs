@@ -44,7 +44,6 @@ fn prefill_batch(pool: &mut KvPool, batch: usize) -> ForwardBatch {
         .collect();
     ForwardBatch {
         seqs,
-        shared: vec![],
     }
 }
 

@@ -51,7 +51,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .iter()
                     .map(|s| s.forward_seq(s.num_uncomputed()))
                     .collect(),
-                shared: vec![],
             };
             for mut s in admitted {
                 s.seq.start()?;
@@ -68,7 +67,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "decode",
                 ForwardBatch {
                     seqs,
-                    shared: vec![],
                 },
             )
         };

@@ -85,6 +85,22 @@ impl AttnState {
             .map(move |a| if l > 0.0 { a / l } else { 0.0 })
     }
 
+    /// The outputs of a `[head][token]` state as rows `[token][head * head_dim]`.
+    pub fn rows(&self, num_heads: usize) -> Vec<f32> {
+        let d = self.head_dim;
+        let n = self.m.len() / num_heads;
+        let mut out = vec![0.0f32; n * num_heads * d];
+        for t in 0..n {
+            for head in 0..num_heads {
+                let dst = &mut out[(t * num_heads + head) * d..][..d];
+                dst.iter_mut()
+                    .zip(self.output(head * n + t))
+                    .for_each(|(o, v)| *o = v);
+            }
+        }
+        out
+    }
+
     /// log-sum-exp of the scores seen by pair `i`.
     pub fn lse(&self, i: usize) -> f32 {
         self.m[i] + self.l[i].ln()

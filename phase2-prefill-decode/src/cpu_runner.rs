@@ -3,18 +3,87 @@
 //! All tokens of the batch go through each linear layer together (one matrix product per
 //! layer, whatever the mix of sequences), which is what makes batching pay. Only attention is
 //! per sequence: each new token writes its K/V into its page slot, then reads its sequence's
-//! KV back through the page lists. Segments shared by several sequences of the batch (a cascade
-//! plan) are attended once for all their queries and merged per query by log-sum-exp.
+//! KV back through the page lists. Attention is the one part of the step that depends on how
+//! the K/V is shared, so it is a parameter of [`CpuRunner::forward_with`] ([`BatchAttention`]).
 
-use phase1::{BlockTable, KvDtype, KvLayout};
+use phase1::{KvDtype, KvLayout};
 use rayon::prelude::*;
 
 use crate::attention::{AttnState, Queries, attend_segment};
 use crate::error::Error;
 use crate::kv_store::KvStore;
 use crate::model::Model;
-use crate::ops::{apply_rope, matmul, rms_norm, rope_tables, rope_tables_signed, silu_mul};
-use crate::runner::{ForwardBatch, Logits, ModelRunner};
+use crate::ops::{apply_rope, matmul, rms_norm, rope_tables, silu_mul};
+use crate::runner::{BatchLimits, ForwardBatch, Logits, ModelRunner, validate_batch};
+
+/// What the attention of one layer reads: the K/V store (this step's K/V already written),
+/// the batch, and the rotated queries of all its tokens.
+pub struct LayerAttention<'a> {
+    pub store: &'a KvStore,
+    pub layer: usize,
+    pub batch: &'a ForwardBatch,
+    /// The row of each sequence's first token in `q`.
+    pub offsets: &'a [usize],
+    /// `[token][head][head_dim]` for every token of the batch.
+    pub q: &'a [f32],
+    pub num_heads: usize,
+    pub head_dim: usize,
+}
+
+impl LayerAttention<'_> {
+    /// `1 / sqrt(head_dim)`.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// The queries of sequence `i`: its rows of `q`.
+    pub fn queries_of(&self, i: usize) -> &[f32] {
+        let (off, n) = (self.offsets[i], self.batch.seqs[i].tokens.len());
+        let qd = self.num_heads * self.head_dim;
+        &self.q[off * qd..(off + n) * qd]
+    }
+
+    /// Sequence `i`'s queries attended (causally) to those of its segments that `read`
+    /// selects by index, as a `[head][token]` state.
+    pub fn sequence_state(&self, i: usize, read: impl Fn(usize) -> bool) -> AttnState {
+        let s = &self.batch.seqs[i];
+        let n = s.tokens.len();
+        let visible: Vec<usize> = (s.start_pos..s.start_pos + n).collect();
+        let queries = Queries {
+            q: self.queries_of(i),
+            num_heads: self.num_heads,
+            visible: &visible,
+        };
+        let mut state = AttnState::new(self.num_heads * n, self.head_dim);
+        let mut start = 0;
+        for (k, seg) in s.kv.iter().enumerate() {
+            if read(k) {
+                let scale = self.scale();
+                attend_segment(self.store, self.layer, seg, start, &queries, scale, &mut state);
+            }
+            start += seg.num_tokens();
+        }
+        state
+    }
+}
+
+/// How one layer's attention is computed for a batch: returns `[token][heads * head_dim]`.
+pub trait BatchAttention: Sync {
+    fn attend(&self, input: &LayerAttention) -> Vec<f32>;
+}
+
+/// Paged attention: every sequence reads all its segments on its own (vLLM's PagedAttention).
+pub struct PagedAttention;
+
+impl BatchAttention for PagedAttention {
+    fn attend(&self, input: &LayerAttention) -> Vec<f32> {
+        let outputs: Vec<Vec<f32>> = (0..input.batch.seqs.len())
+            .into_par_iter()
+            .map(|i| input.sequence_state(i, |_| true).rows(input.num_heads))
+            .collect();
+        outputs.concat()
+    }
+}
 
 pub struct CpuRunner {
     model: Model,
@@ -49,85 +118,22 @@ impl CpuRunner {
         }
     }
 
-    /// Checks everything the forward pass relies on, so a bad batch is an error, not a panic.
-    fn validate(&self, batch: &ForwardBatch) -> Result<(), Error> {
+    /// What this runner can take in one step.
+    pub fn limits(&self) -> BatchLimits {
         let c = &self.model.config;
-        let ps = self.store.page_size();
-        let bad = |s: String| Err(Error::InvalidBatch(s));
-        for s in &batch.seqs {
-            let id = s.seq_id;
-            let Some(own) = s.kv.last() else {
-                return bad(format!("sequence {id} has no KV segment"));
-            };
-            if s.tokens.is_empty() {
-                return bad(format!("sequence {id} has no tokens to run"));
-            }
-            let kv_len: usize = s.kv.iter().map(|t| t.num_tokens()).sum();
-            if kv_len != s.total_len() || own.num_tokens() < s.tokens.len() {
-                return bad(format!(
-                    "sequence {id}: its segments hold {kv_len} tokens, expected {} with the last {} in its own segment",
-                    s.total_len(),
-                    s.tokens.len()
-                ));
-            }
-            if s.total_len() > c.max_position_embeddings {
-                return bad(format!(
-                    "sequence {id} reaches position {}, beyond the model's {}",
-                    s.total_len(),
-                    c.max_position_embeddings
-                ));
-            }
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return bad(format!(
-                    "sequence {id}: token {t} is outside the vocabulary of {}",
-                    c.vocab_size
-                ));
-            }
-            for seg in &s.kv {
-                if seg.pages().len() * ps < seg.num_tokens() {
-                    return bad(format!(
-                        "sequence {id}: a segment of {} tokens has too few pages",
-                        seg.num_tokens()
-                    ));
-                }
-                if let Some(&p) = seg
-                    .pages()
-                    .iter()
-                    .find(|&&p| p as usize >= self.store.num_pages())
-                {
-                    return bad(format!(
-                        "sequence {id}: page {p} is outside the store of {}",
-                        self.store.num_pages()
-                    ));
-                }
-            }
+        BatchLimits {
+            page_size: self.store.page_size(),
+            num_pages: self.store.num_pages(),
+            vocab_size: c.vocab_size,
+            max_position: c.max_position_embeddings,
+            max_seqs: usize::MAX,
+            max_tokens: usize::MAX,
         }
-        for group in &batch.shared {
-            let Some(&first) = group.seqs.first() else {
-                return bad("a shared segment with no sequences".into());
-            };
-            for &i in &group.seqs {
-                let Some(s) = batch.seqs.get(i) else {
-                    return bad(format!(
-                        "shared segment names sequence index {i} of {}",
-                        batch.seqs.len()
-                    ));
-                };
-                if group.segment + 1 >= s.kv.len() {
-                    return bad(format!(
-                        "sequence {}: segment {} cannot be shared (it is its own, last segment)",
-                        s.seq_id, group.segment
-                    ));
-                }
-                if s.kv[group.segment] != batch.seqs[first].kv[group.segment] {
-                    return bad(format!(
-                        "sequence {}: shared segment {} differs",
-                        s.seq_id, group.segment
-                    ));
-                }
-            }
-        }
-        Ok(())
+    }
+
+    /// The K/V storage, for a later chapter's operations on pages (copies between them).
+    pub fn store_mut(&mut self) -> &mut KvStore {
+        &mut self.store
     }
 
     /// One decoder layer over all `tokens` rows of `x`, in place.
@@ -138,9 +144,10 @@ impl CpuRunner {
         x: &mut [f32],
         batch: &ForwardBatch,
         offsets: &[usize],
-        cos: &[f32],
-        sin: &[f32],
+        rope: (&[f32], &[f32]),
+        attention: &impl BatchAttention,
     ) {
+        let (cos, sin) = rope;
         let c = &self.model.config;
         let layer = &self.model.layers[l];
         let (h, d, t) = (c.hidden_size, c.head_dim, x.len() / c.hidden_size);
@@ -191,7 +198,15 @@ impl CpuRunner {
                 );
             }
         }
-        let attn = self.attention(l, batch, offsets, &q);
+        let attn = attention.attend(&LayerAttention {
+            store: &self.store,
+            layer: l,
+            batch,
+            offsets,
+            q: &q,
+            num_heads: c.num_heads,
+            head_dim: d,
+        });
         let o = matmul(&attn, &layer.o_proj, t, qd, h);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
@@ -203,98 +218,6 @@ impl CpuRunner {
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         // END SOLUTION
     }
-
-    /// Attention outputs `[tokens][heads * head_dim]` for the whole batch.
-    fn attention(&self, l: usize, batch: &ForwardBatch, offsets: &[usize], q: &[f32]) -> Vec<f32> {
-        let c = &self.model.config;
-        let (d, nh) = (c.head_dim, c.num_heads);
-        let qd = nh * d;
-        let scale = 1.0 / (d as f32).sqrt();
-        let store = &self.store;
-
-        // Shared segments first: all queries of a group against the shared pages at once.
-        let mut partials: Vec<Vec<(usize, AttnState)>> = vec![Vec::new(); batch.seqs.len()];
-        for group in &batch.shared {
-            let mut gq = Vec::new();
-            for &i in &group.seqs {
-                let (off, n) = (offsets[i], batch.seqs[i].tokens.len());
-                gq.extend_from_slice(&q[off * qd..(off + n) * qd]);
-            }
-            let total = gq.len() / qd;
-            let visible = vec![usize::MAX; total];
-            let queries = Queries {
-                q: &gq,
-                num_heads: nh,
-                visible: &visible,
-            };
-            let mut state = AttnState::new(nh * total, d);
-            let seg = &batch.seqs[group.seqs[0]].kv[group.segment];
-            attend_segment(store, l, seg, 0, &queries, scale, &mut state);
-            let mut at = 0;
-            for &i in &group.seqs {
-                let n = batch.seqs[i].tokens.len();
-                partials[i].push((group.segment, slice_state(&state, nh, total, at, n)));
-                at += n;
-            }
-        }
-
-        let outputs: Vec<Vec<f32>> = batch
-            .seqs
-            .par_iter()
-            .zip(partials.into_par_iter())
-            .zip(offsets.par_iter())
-            .map(|((s, shared), &off)| {
-                let n = s.tokens.len();
-                let visible: Vec<usize> = (s.start_pos..s.start_pos + n).collect();
-                let queries = Queries {
-                    q: &q[off * qd..(off + n) * qd],
-                    num_heads: nh,
-                    visible: &visible,
-                };
-                let mut state = AttnState::new(nh * n, d);
-                let mut start = 0;
-                for (k, seg) in s.kv.iter().enumerate() {
-                    if !shared.iter().any(|(segment, _)| *segment == k) {
-                        attend_segment(store, l, seg, start, &queries, scale, &mut state);
-                    }
-                    start += seg.num_tokens();
-                }
-                for (_, part) in &shared {
-                    state.merge(part);
-                }
-                let mut out = vec![0.0f32; n * qd];
-                for t in 0..n {
-                    for head in 0..nh {
-                        let dst = &mut out[t * qd + head * d..][..d];
-                        dst.iter_mut()
-                            .zip(state.output(head * n + t))
-                            .for_each(|(o, v)| *o = v);
-                    }
-                }
-                out
-            })
-            .collect();
-        outputs.concat()
-    }
-}
-
-/// The states of tokens `at..at + n` of a `[head][token]` state over `total` tokens.
-fn slice_state(
-    state: &AttnState,
-    num_heads: usize,
-    total: usize,
-    at: usize,
-    n: usize,
-) -> AttnState {
-    let d = state.head_dim;
-    let mut out = AttnState::new(num_heads * n, d);
-    for h in 0..num_heads {
-        let (src, dst) = (h * total + at, h * n);
-        out.m[dst..dst + n].copy_from_slice(&state.m[src..src + n]);
-        out.l[dst..dst + n].copy_from_slice(&state.l[src..src + n]);
-        out.acc[dst * d..(dst + n) * d].copy_from_slice(&state.acc[src * d..(src + n) * d]);
-    }
-    out
 }
 
 impl ModelRunner for CpuRunner {
@@ -314,32 +237,19 @@ impl ModelRunner for CpuRunner {
         self.model.config.vocab_size
     }
 
-    fn copy_kv(
-        &mut self,
-        src: &BlockTable,
-        dst: &BlockTable,
-        rope_shift: i64,
-    ) -> Result<(), Error> {
-        let ps = self.store.page_size();
-        crate::runner::check_copy_kv(src, dst, ps, self.store.num_pages())?;
-        let n = src.num_tokens();
-        let c = &self.model.config;
-        // One rotation for every token: the angle depends only on the shift.
-        let (cos, sin) = rope_tables_signed(rope_shift, c.head_dim, c.rope_theta);
-        for layer in 0..c.num_layers {
-            for i in 0..n {
-                let (a, b) = (src.slot(i, ps), dst.slot(i, ps));
-                self.store
-                    .copy_slot(layer, (a.page, a.offset), (b.page, b.offset), |k| {
-                        apply_rope(k, &cos, &sin)
-                    });
-            }
-        }
-        Ok(())
-    }
-
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
-        self.validate(batch)?;
+        self.forward_with(batch, &PagedAttention)
+    }
+}
+
+impl CpuRunner {
+    /// One forward step with `attention` computing each layer's attention.
+    pub fn forward_with(
+        &mut self,
+        batch: &ForwardBatch,
+        attention: &impl BatchAttention,
+    ) -> Result<Logits, Error> {
+        validate_batch(batch, &self.limits())?;
         let c = self.model.config.clone();
         let h = c.hidden_size;
         let mut offsets = Vec::with_capacity(batch.seqs.len());
@@ -354,7 +264,7 @@ impl ModelRunner for CpuRunner {
         }
         let (cos, sin) = rope_tables(&positions, c.head_dim, c.rope_theta);
         for l in 0..c.num_layers {
-            self.layer(l, &mut x, batch, &offsets, &cos, &sin);
+            self.layer(l, &mut x, batch, &offsets, (&cos, &sin), attention);
         }
         // Only the last token of each sampling sequence needs logits.
         let mut rows = Vec::new();

@@ -142,7 +142,6 @@ mod tests {
         };
         let batch = ForwardBatch {
             seqs: vec![prefill],
-            shared: vec![],
         };
         let first = runner.forward_sample(&batch).unwrap()[0];
         assert_eq!(first, HashRunner::next_token(&[7, 8, 9], 50));
@@ -158,7 +157,6 @@ mod tests {
         let second = runner
             .forward_sample(&ForwardBatch {
                 seqs: vec![decode],
-                shared: vec![],
             })
             .unwrap()[0];
         assert_eq!(second, HashRunner::next_token(&[7, 8, 9, first], 50));
@@ -177,7 +175,6 @@ mod tests {
         let err = runner
             .forward(&ForwardBatch {
                 seqs: vec![seq],
-                shared: vec![],
             })
             .unwrap_err();
         assert_eq!(

@@ -27,7 +27,7 @@ mod tokenizer;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use cpu_runner::CpuRunner;
+pub use cpu_runner::{BatchAttention, CpuRunner, LayerAttention, PagedAttention};
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
 pub use hash_runner::HashRunner;
@@ -36,8 +36,8 @@ pub use model::{Layer, Model};
 pub use paths::{default_model_dir, models_dir};
 pub use prefill_manager::{PrefillManager, SchedulerConfig};
 pub use runner::{
-    ForwardBatch, ForwardSeq, Logits, ModelRunner, PENDING_TOKEN, SampleSpec, SharedSegment,
-    check_copy_kv,
+    BatchLimits, ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, validate_batch,
+    validate_segments,
 };
 pub use seq_state::SeqState;
 pub use tokenizer::{ChatMessage, StreamDecoder, Tokenizer};

@@ -106,16 +106,6 @@ pub fn rope_tables(positions: &[usize], head_dim: usize, theta: f32) -> (Vec<f32
     (cos, sin)
 }
 
-/// cos and sin of the rotation by a (possibly negative) position shift: `[head_dim / 2]` each.
-pub fn rope_tables_signed(shift: i64, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    (0..head_dim / 2)
-        .map(|i| {
-            let angle = shift as f64 * (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
-            (angle.cos() as f32, angle.sin() as f32)
-        })
-        .unzip()
-}
-
 /// Rotates one head vector by its position's angles: pairs `(i, i + d/2)` turn by angle `i`.
 pub fn apply_rope(head: &mut [f32], cos: &[f32], sin: &[f32]) {
     // BEGIN SOLUTION

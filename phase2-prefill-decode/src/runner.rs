@@ -6,6 +6,8 @@
 //! or one decode token) and the pages that hold its KV.
 
 use phase0::{SamplingParams, SeqId, TokenId};
+use std::any::Any;
+
 use phase1::{BlockTable, KvLayout};
 
 use crate::error::Error;
@@ -73,23 +75,10 @@ impl ForwardSeq {
     }
 }
 
-/// Several sequences attending to the same KV segment (FlashInfer's cascade attention): the
-/// runner reads that segment once for all their queries and merges the partial result with
-/// the rest of each sequence's attention by log-sum-exp.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedSegment {
-    /// Indices into [`ForwardBatch::seqs`]; each has the same pages as its `kv[segment]`.
-    pub seqs: Vec<usize>,
-    /// Which segment of those sequences is shared.
-    pub segment: usize,
-}
-
-/// A forward step: the sequences in order, and optionally which segments they share.
+/// A forward step: the sequences in order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ForwardBatch {
     pub seqs: Vec<ForwardSeq>,
-    /// Empty means flat attention: every sequence reads all its segments on its own.
-    pub shared: Vec<SharedSegment>,
 }
 
 impl ForwardBatch {
@@ -120,13 +109,97 @@ impl Logits {
     }
 }
 
-/// The input token of a decode step launched while the step before it still runs (see
-/// [`ModelRunner::launch`]): "the token this sequence samples in the step launched just before",
-/// which only the device knows yet. It is never a real token id.
-pub const PENDING_TOKEN: TokenId = TokenId::MAX;
+/// What a runner can take in one step; [`validate_batch`] checks a batch against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    pub page_size: usize,
+    /// Pages in the runner's K/V storage.
+    pub num_pages: usize,
+    pub vocab_size: usize,
+    /// The model's `max_position_embeddings`.
+    pub max_position: usize,
+    /// Most sequences and tokens per step (`usize::MAX` for a runner that sizes nothing ahead).
+    pub max_seqs: usize,
+    pub max_tokens: usize,
+}
+
+/// Checks everything a forward pass relies on, so that a bad batch is an error and never a
+/// panic or an out-of-bounds read: step size, each sequence's segments against its tokens and
+/// positions, pages inside the store, tokens inside the vocabulary.
+pub fn validate_batch(batch: &ForwardBatch, limits: &BatchLimits) -> Result<(), Error> {
+    validate_segments(batch, limits)?;
+    for s in &batch.seqs {
+        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= limits.vocab_size) {
+            return Err(Error::InvalidBatch(format!(
+                "sequence {}: token {t} is outside the vocabulary of {}",
+                s.seq_id, limits.vocab_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// [`validate_batch`] without the token ids: for a runner that fills in some inputs itself.
+pub fn validate_segments(batch: &ForwardBatch, limits: &BatchLimits) -> Result<(), Error> {
+    let bad = |s: String| Err(Error::InvalidBatch(s));
+    let ps = limits.page_size;
+    if batch.seqs.len() > limits.max_seqs {
+        return bad(format!(
+            "{} sequences, the runner was sized for {}",
+            batch.seqs.len(),
+            limits.max_seqs
+        ));
+    }
+    if batch.num_tokens() > limits.max_tokens {
+        return bad(format!(
+            "{} tokens, the runner was sized for {} per step",
+            batch.num_tokens(),
+            limits.max_tokens
+        ));
+    }
+    for s in &batch.seqs {
+        let id = s.seq_id;
+        let Some(own) = s.kv.last() else {
+            return bad(format!("sequence {id} has no KV segment"));
+        };
+        if s.tokens.is_empty() {
+            return bad(format!("sequence {id} has no tokens to run"));
+        }
+        let kv_len: usize = s.kv.iter().map(BlockTable::num_tokens).sum();
+        if kv_len != s.total_len() || own.num_tokens() < s.tokens.len() {
+            return bad(format!(
+                "sequence {id}: its segments hold {kv_len} tokens, expected {} with the last {} in its own segment",
+                s.total_len(),
+                s.tokens.len()
+            ));
+        }
+        if s.total_len() > limits.max_position {
+            return bad(format!(
+                "sequence {id} reaches position {}, beyond the model's {}",
+                s.total_len(),
+                limits.max_position
+            ));
+        }
+        for segment in &s.kv {
+            if segment.pages().len() * ps < segment.num_tokens() {
+                return bad(format!(
+                    "sequence {id}: a segment of {} tokens has too few pages",
+                    segment.num_tokens()
+                ));
+            }
+            if let Some(&p) = segment.pages().iter().find(|&&p| p as usize >= limits.num_pages) {
+                return bad(format!(
+                    "sequence {id}: page {p} is outside the store of {} pages",
+                    limits.num_pages
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// A model that can run forward steps over paged KV.
-pub trait ModelRunner {
+pub trait ModelRunner: Any {
     /// The shape of one token's K/V: the engine sizes its page pool from it.
     fn kv_layout(&self) -> KvLayout;
 
@@ -141,22 +214,6 @@ pub trait ModelRunner {
     /// logits of every sequence that samples.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error>;
 
-    /// Copies the K/V of `src` into the slots of `dst` (same token count), turning the keys'
-    /// rotary positions by `rope_shift`: K/V computed at positions `0..n` becomes the K/V of the
-    /// same tokens at `shift..shift + n` (RoPE composes, so this is exact). The chunk API's
-    /// independent mode places a chunk prefilled on its own after other chunks this way.
-    fn copy_kv(
-        &mut self,
-        src: &BlockTable,
-        dst: &BlockTable,
-        rope_shift: i64,
-    ) -> Result<(), Error> {
-        let _ = (src, dst, rope_shift);
-        Err(Error::Device(
-            "this runner cannot copy K/V between pages".into(),
-        ))
-    }
-
     /// Runs one step and picks the next token of every sequence that samples, in batch
     /// order. The default samples on the host; a GPU runner samples on the device and copies
     /// back token ids only.
@@ -169,58 +226,6 @@ pub trait ModelRunner {
             .collect())
     }
 
-    /// Whether [`ModelRunner::launch`] and [`ModelRunner::collect`] work: a runner that queues
-    /// work on a device and returns before it ran. Host runners compute in the call and say no.
-    fn can_overlap(&self) -> bool {
-        false
-    }
-
-    /// Queues a step like [`ModelRunner::forward_sample`] and returns before it has run;
-    /// [`ModelRunner::collect`] returns its tokens, oldest launched step first. While the device
-    /// computes step n the engine decides and launches step n+1 (SGLang's overlap scheduler),
-    /// whose decode inputs are then [`PENDING_TOKEN`]: the tokens step n samples, taken on the
-    /// device.
-    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
-        let _ = batch;
-        Err(Error::Device(
-            "this runner computes steps synchronously".into(),
-        ))
-    }
-
-    /// Waits for the oldest launched step and returns its sampled tokens, in batch order.
-    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
-        Err(Error::Device(
-            "this runner computes steps synchronously".into(),
-        ))
-    }
-}
-
-/// Checks the arguments of [`ModelRunner::copy_kv`] against a store of `num_pages` pages of
-/// `page_size` tokens: both segments hold the same number of tokens, have the pages for them,
-/// and name only pages of the store. Every runner's `copy_kv` starts with it.
-pub fn check_copy_kv(
-    src: &BlockTable,
-    dst: &BlockTable,
-    page_size: usize,
-    num_pages: usize,
-) -> Result<(), Error> {
-    let n = src.num_tokens();
-    if dst.num_tokens() != n
-        || src.pages().len() * page_size < n
-        || dst.pages().len() * page_size < n
-    {
-        return Err(Error::InvalidBatch(format!(
-            "copy of {n} tokens into a segment of {}",
-            dst.num_tokens()
-        )));
-    }
-    let limit = num_pages as u32;
-    if src.pages().iter().chain(dst.pages()).any(|&p| p >= limit) {
-        return Err(Error::InvalidBatch(
-            "copy names a page outside the store".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// A boxed runner is a runner, so an engine can hold "the CPU or the CUDA runner".
@@ -245,28 +250,7 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
         (**self).forward(batch)
     }
 
-    fn copy_kv(
-        &mut self,
-        src: &BlockTable,
-        dst: &BlockTable,
-        rope_shift: i64,
-    ) -> Result<(), Error> {
-        (**self).copy_kv(src, dst, rope_shift)
-    }
-
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
         (**self).forward_sample(batch)
-    }
-
-    fn can_overlap(&self) -> bool {
-        (**self).can_overlap()
-    }
-
-    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
-        (**self).launch(batch)
-    }
-
-    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
-        (**self).collect()
     }
 }

@@ -104,26 +104,6 @@ impl SeqState {
         }
     }
 
-    /// The forward input of the decode after the one in flight, decided before that one's token
-    /// is known (overlap scheduling): its input is [`PENDING_TOKEN`](crate::PENDING_TOKEN) at
-    /// position `num_computed + 1`. Slots for both tokens must be reserved first.
-    pub fn forward_seq_ahead(&self) -> ForwardSeq {
-        let start = self.num_computed + 1;
-        let mut kv = self.shared_kv.clone();
-        kv.push(BlockTable::from_pages(
-            self.own_kv.pages().to_vec(),
-            start + 1 - self.num_shared_tokens(),
-        ));
-        let step = self.seq.output().len() as u64 + 1;
-        ForwardSeq {
-            seq_id: self.id(),
-            tokens: vec![crate::PENDING_TOKEN],
-            start_pos: start,
-            kv,
-            sample: Some(SampleSpec::new(self.seq.params(), self.seed, step)),
-        }
-    }
-
     /// Gives the own pages back to the pool (shared segments belong to their owners).
     pub fn release(&mut self, pool: &mut KvPool) -> Result<(), phase1::Error> {
         self.own_kv.release(pool)

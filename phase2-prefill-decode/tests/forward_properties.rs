@@ -1,12 +1,12 @@
 //! Properties of the paged forward pass on a small random model: how the work is cut and laid
 //! out in pages must not change the numbers. Whole prefill == two pieces == token by token;
-//! a batch == each sequence alone; any page size == one big page; cascade == flat attention.
+//! a batch == each sequence alone; any page size == one big page.
 
 mod common;
 
 use common::{rel_error, small_model};
 use phase1::{BlockTable, KvPool};
-use phase2::{CpuRunner, ForwardBatch, ForwardSeq, ModelRunner, SampleSpec, SharedSegment};
+use phase2::{CpuRunner, ForwardBatch, ForwardSeq, ModelRunner, SampleSpec};
 use proptest::prelude::*;
 
 const TOL: f32 = 1e-4;
@@ -40,7 +40,6 @@ fn run_pieces(
                 kv: vec![table.clone()],
                 sample: (end == prompt.len()).then(SampleSpec::greedy),
             }],
-            shared: vec![],
         };
         logits = runner.forward(&batch).unwrap().data;
         start = end;
@@ -98,7 +97,6 @@ proptest! {
                 table.append_tokens(&mut pool, done).unwrap();
                 let warm = ForwardBatch {
                     seqs: vec![ForwardSeq { seq_id: i as u64, tokens: prompt[..done].to_vec(), start_pos: 0, kv: vec![table.clone()], sample: None }],
-                    shared: vec![],
                 };
                 runner.forward(&warm).unwrap();
             }
@@ -111,50 +109,12 @@ proptest! {
                 sample: Some(SampleSpec::greedy()),
             });
         }
-        let together = runner.forward(&ForwardBatch { seqs: seqs.clone(), shared: vec![] }).unwrap();
+        let together = runner.forward(&ForwardBatch { seqs: seqs.clone() }).unwrap();
         for (i, seq) in seqs.into_iter().enumerate() {
-            let alone = runner.forward(&ForwardBatch { seqs: vec![seq], shared: vec![] }).unwrap();
+            let alone = runner.forward(&ForwardBatch { seqs: vec![seq] }).unwrap();
             let err = rel_error(together.row(i), alone.row(0));
             prop_assert!(err < TOL, "sequence {} differs in a batch: {}", i, err);
         }
-    }
-
-    #[test]
-    fn cascade_equals_flat_attention(
-        shared_len in 1usize..30,
-        suffixes in prop::collection::vec(prop::collection::vec(0u32..300, 1..8), 2..5),
-        page_size in 1usize..9,
-    ) {
-        // A shared segment (a prefix prefilled once, ending in a partly filled page), then
-        // each sequence's own tokens on fresh pages.
-        let mut pool = KvPool::new(256, page_size).unwrap();
-        let mut runner = CpuRunner::new(small_model(4), 256, page_size);
-        let prefix: Vec<u32> = (0..shared_len as u32).map(|i| (i * 11) % 300).collect();
-        let mut shared = BlockTable::new();
-        shared.append_tokens(&mut pool, prefix.len()).unwrap();
-        runner.forward(&ForwardBatch {
-            seqs: vec![ForwardSeq { seq_id: 99, tokens: prefix.clone(), start_pos: 0, kv: vec![shared.clone()], sample: None }],
-            shared: vec![],
-        }).unwrap();
-        let mut seqs = Vec::new();
-        for (i, suffix) in suffixes.iter().enumerate() {
-            let mut own = BlockTable::new();
-            own.append_tokens(&mut pool, suffix.len()).unwrap();
-            seqs.push(ForwardSeq {
-                seq_id: i as u64,
-                tokens: suffix.clone(),
-                start_pos: prefix.len(),
-                kv: vec![shared.clone(), own],
-                sample: Some(SampleSpec::greedy()),
-            });
-        }
-        let flat = runner.forward(&ForwardBatch { seqs: seqs.clone(), shared: vec![] }).unwrap();
-        let cascade = runner.forward(&ForwardBatch {
-            seqs,
-            shared: vec![SharedSegment { seqs: (0..suffixes.len()).collect(), segment: 0 }],
-        }).unwrap();
-        let err = rel_error(&cascade.data, &flat.data);
-        prop_assert!(err < TOL, "cascade differs from flat: {}", err);
     }
 }
 
@@ -171,24 +131,19 @@ fn bad_batches_are_errors_not_panics() {
         kv: vec![table.clone()],
         sample: None,
     };
-    let check =
-        |runner: &mut CpuRunner, seq: ForwardSeq, shared: Vec<SharedSegment>, expect: &str| {
-            let err = runner
-                .forward(&ForwardBatch {
-                    seqs: vec![seq],
-                    shared,
-                })
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(expect), "{err:?} should mention {expect:?}");
-        };
+    let check = |runner: &mut CpuRunner, seq: ForwardSeq, expect: &str| {
+        let err = runner
+            .forward(&ForwardBatch { seqs: vec![seq] })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expect), "{err:?} should mention {expect:?}");
+    };
     check(
         &mut runner,
         ForwardSeq {
             start_pos: 1,
             ..seq.clone()
         },
-        vec![],
         "expected 4",
     );
     check(
@@ -197,7 +152,6 @@ fn bad_batches_are_errors_not_panics() {
             tokens: vec![1, 2, 999],
             ..seq.clone()
         },
-        vec![],
         "outside the vocabulary",
     );
     check(
@@ -206,7 +160,6 @@ fn bad_batches_are_errors_not_panics() {
             kv: vec![BlockTable::from_pages(vec![9], 3)],
             ..seq.clone()
         },
-        vec![],
         "page 9",
     );
     check(
@@ -215,64 +168,12 @@ fn bad_batches_are_errors_not_panics() {
             kv: vec![],
             ..seq.clone()
         },
-        vec![],
         "no KV segment",
-    );
-    check(
-        &mut runner,
-        seq.clone(),
-        vec![SharedSegment {
-            seqs: vec![0],
-            segment: 0,
-        }],
-        "cannot be shared",
     );
     let long = ForwardSeq {
         tokens: vec![1; 600],
         kv: vec![BlockTable::from_pages(vec![0; 150], 600)],
         ..seq
     };
-    check(&mut runner, long, vec![], "beyond the model's 512");
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
-
-    /// Copying K/V with a RoPE shift and back restores it, and a shift of 0 is a plain copy:
-    /// the next token after either copy sees exactly what it sees after the original.
-    #[test]
-    fn copied_kv_with_a_rope_shift_round_trips(
-        prompt in prop::collection::vec(0u32..300, 1..20),
-        next in 0u32..300,
-        shift in 1i64..40,
-        page_size in 1usize..9,
-    ) {
-        let mut pool = KvPool::new(128, page_size).unwrap();
-        let mut runner = CpuRunner::new(small_model(6), 128, page_size);
-        let n = prompt.len();
-        let mut table = || {
-            let mut t = BlockTable::new();
-            t.append_tokens(&mut pool, n).unwrap();
-            t
-        };
-        let (original, moved, back, plain) = (table(), table(), table(), table());
-        runner.forward(&ForwardBatch {
-            seqs: vec![ForwardSeq { seq_id: 1, tokens: prompt.clone(), start_pos: 0, kv: vec![original.clone()], sample: None }],
-            shared: vec![],
-        }).unwrap();
-        runner.copy_kv(&original, &moved, shift).unwrap();
-        runner.copy_kv(&moved, &back, -shift).unwrap();
-        runner.copy_kv(&original, &plain, 0).unwrap();
-
-        let mut next_logits = |kv: &BlockTable| {
-            let mut own = BlockTable::new();
-            own.append_tokens(&mut pool, 1).unwrap();
-            let seq = ForwardSeq { seq_id: 2, tokens: vec![next], start_pos: n, kv: vec![kv.clone(), own], sample: Some(SampleSpec::greedy()) };
-            runner.forward(&ForwardBatch { seqs: vec![seq], shared: vec![] }).unwrap().data
-        };
-        let expected = next_logits(&original);
-        prop_assert!(rel_error(&next_logits(&back), &expected) < TOL, "shift and back");
-        prop_assert!(rel_error(&next_logits(&plain), &expected) < 1e-6, "shift 0");
-        prop_assert!(rel_error(&next_logits(&moved), &expected) > TOL, "a real shift changes what the next token sees");
-    }
+    check(&mut runner, long, "beyond the model's 512");
 }

@@ -16,38 +16,9 @@ use crate::prefix_cache::{NoPrefixCache, PrefixCache};
 pub struct Scheduled {
     pub forward: ForwardBatch,
     pub plan: Batch,
-    decodes: Vec<SeqId>,
-    chunks: Vec<PrefillChunk>,
-}
-
-impl Scheduled {
-    /// Drops the decodes of sequences that left after the step was decided (they finished in
-    /// the step before, or were aborted), with their rows of `sampled`: a step decided ahead
-    /// (see [`ChunkedScheduler::schedule_ahead`]) ran them anyway, and their tokens are void.
-    pub fn retain_decodes(&mut self, sampled: &mut Vec<TokenId>, keep: impl Fn(SeqId) -> bool) {
-        if self.decodes.iter().all(|&id| keep(id)) {
-            return;
-        }
-        debug_assert!(
-            self.chunks.is_empty(),
-            "only decode-only steps are decided ahead"
-        );
-        let mut tokens = sampled.iter().copied();
-        let mut kept_tokens = Vec::with_capacity(sampled.len());
-        let mut plan = Batch::new();
-        self.forward.seqs.retain(|s| {
-            let token = s.sample.and_then(|_| tokens.next());
-            let k = keep(s.seq_id);
-            if k {
-                kept_tokens.extend(token);
-                plan.push_decode(s.seq_id);
-            }
-            k
-        });
-        self.decodes.retain(|&id| keep(id));
-        self.plan = plan;
-        *sampled = kept_tokens;
-    }
+    /// The running sequences the step decodes, in the decode manager's order.
+    pub decodes: Vec<SeqId>,
+    pub chunks: Vec<PrefillChunk>,
 }
 
 /// What a step produced.
@@ -96,6 +67,10 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
     /// Sequences stop with `Length` when they reach this many tokens.
     pub fn set_max_model_len(&mut self, max_model_len: usize) {
         self.max_model_len = max_model_len;
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
     }
 
     /// Queues a sequence. It holds each page of its shared segments while it lives, so their
@@ -195,61 +170,6 @@ impl<C: PrefixCache> ChunkedScheduler<C> {
             )));
         }
         Ok(step)
-    }
-
-    /// Decides the step after `in_flight` while the device still computes it (SGLang's overlap
-    /// scheduler), when that next step is certain to be "every decode again": `in_flight` has
-    /// no prompt chunks and no prompt is waiting or prefilling. Each decode's input is then the
-    /// token `in_flight` samples for it ([`phase2::PENDING_TOKEN`]), and it gets the slot after
-    /// that one. A sequence that `in_flight` takes to its length limit is left out; one that
-    /// stops on EOS is only found out when `in_flight` completes, so the step runs it once
-    /// more and [`Scheduled::retain_decodes`] drops that token. `None`, with nothing changed but
-    /// maybe a slot reserved early, when the step cannot be known yet (prompts to admit, a page
-    /// short, sequences that hand their KV over or read shared segments).
-    pub fn schedule_ahead(&mut self, in_flight: &Scheduled) -> Option<Scheduled> {
-        if !in_flight.chunks.is_empty()
-            || self.prefill.num_waiting() + self.prefill.num_prefilling() > 0
-        {
-            return None;
-        }
-        let running = self.decode.running();
-        if running.len() != in_flight.decodes.len()
-            || running
-                .iter()
-                .zip(&in_flight.decodes)
-                .any(|(s, &id)| s.id() != id || s.keep_kv || !s.shared_kv.is_empty())
-        {
-            return None;
-        }
-        let max_model_len = self.max_model_len;
-        let last_token = |s: &SeqState| {
-            s.seq.output().len() + 1 >= s.seq.params().max_tokens
-                || s.seq.len() + 1 >= max_model_len
-        };
-        let mut forward = ForwardBatch::default();
-        let mut plan = Batch::new();
-        let mut decodes = Vec::new();
-        for s in self.decode.running_mut() {
-            if last_token(s) {
-                continue;
-            }
-            // Slots for the token in flight (already reserved) and the one after it.
-            if s.reserve(&mut self.pool, 2).is_err() {
-                return None;
-            }
-            forward.seqs.push(s.forward_seq_ahead());
-            plan.push_decode(s.id());
-            decodes.push(s.id());
-        }
-        if decodes.is_empty() {
-            return None;
-        }
-        Some(Scheduled {
-            forward,
-            plan,
-            decodes,
-            chunks: Vec::new(),
-        })
     }
 
     /// Applies a step's sampled tokens (in the order of the sampling sequences of

@@ -18,7 +18,7 @@ use phase2::{Error, ModelRunner, SeqState};
 use crate::config::SchedulerConfig;
 use crate::request_pool::{RequestPool, RequestTiming};
 use crate::scheduler::Scheduler;
-use phase3::{Scheduled, StepOutcome};
+use phase3::StepOutcome;
 
 /// What a streaming caller receives for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,9 +62,6 @@ pub struct Engine<R: ModelRunner> {
     eos: Vec<TokenId>,
     next_id: SeqId,
     base_seed: u64,
-    overlap: bool,
-    /// A step decided and launched while the one before it ran (overlap scheduling).
-    ahead: Option<Scheduled>,
 }
 
 impl<R: ModelRunner> Engine<R> {
@@ -85,8 +82,6 @@ impl<R: ModelRunner> Engine<R> {
             eos,
             next_id: 0,
             base_seed,
-            overlap: true,
-            ahead: None,
         })
     }
 
@@ -216,9 +211,9 @@ impl<R: ModelRunner> Engine<R> {
         Ok((id, rx))
     }
 
-    /// True when no request is waiting or running (and no step is queued on the device).
+    /// True when no request is waiting or running.
     pub fn is_finished(&self) -> bool {
-        !self.scheduler.has_work() && self.ahead.is_none()
+        !self.scheduler.has_work()
     }
 
     fn finish(&mut self, state: SeqState, now: Instant) -> FinishedRequest {
@@ -253,13 +248,8 @@ impl<R: ModelRunner> Engine<R> {
         Some(self.finish(state, Instant::now()))
     }
 
-    /// Runs one scheduling step on the model. With overlap scheduling (on by default, used
-    /// when the runner can: see [`Engine::set_overlap`]) the next step may already be queued
-    /// on the device when this returns.
+    /// Runs one scheduling step on the model.
     pub fn step(&mut self) -> Result<StepOutput, Error> {
-        if self.ahead.is_some() || (self.overlap && self.runner.can_overlap()) {
-            return self.step_overlapped();
-        }
         // BEGIN SOLUTION
         let scheduled = self.scheduler.schedule()?;
         let sampled = self.runner.forward_sample(&scheduled.forward)?;
@@ -269,8 +259,8 @@ impl<R: ModelRunner> Engine<R> {
     }
 
     /// Hands a step's tokens to the request records and streams, and its finished requests to
-    /// the caller.
-    fn publish(&mut self, outcome: StepOutcome) -> StepOutput {
+    /// the caller: the end of every step, however it was computed.
+    pub fn publish(&mut self, outcome: StepOutcome) -> StepOutput {
         // BEGIN SOLUTION
         let now = Instant::now();
         let mut gone = Vec::new();
@@ -299,44 +289,6 @@ impl<R: ModelRunner> Engine<R> {
         }
         output
         // END SOLUTION
-    }
-
-    /// Turns overlap scheduling on or off. On, while the device computes step n the engine
-    /// already decides step n+1 and queues it behind (SGLang's overlap scheduler), so the host's
-    /// work between two steps (applying tokens, scheduling, packing inputs, launching) no longer
-    /// leaves the device idle. It applies to decode-only stretches (see
-    /// [`Scheduler::schedule_ahead`]) and to runners that can queue work
-    /// ([`ModelRunner::can_overlap`]); tokens are the same either way.
-    /// Turned off, a step already queued ahead still finishes in the next `step`.
-    pub fn set_overlap(&mut self, on: bool) {
-        self.overlap = on;
-    }
-
-    /// One step of overlap scheduling: the step launched by the previous call (or decided and
-    /// launched now), with the step after it decided and launched before this one's tokens are
-    /// waited for.
-    fn step_overlapped(&mut self) -> Result<StepOutput, Error> {
-        let mut current = match self.ahead.take() {
-            Some(s) => s,
-            None => {
-                let s = self.scheduler.schedule()?;
-                self.runner.launch(&s.forward)?;
-                s
-            }
-        };
-        if self.overlap
-            && let Some(next) = self.scheduler.schedule_ahead(&current)
-        {
-            self.runner.launch(&next.forward)?;
-            self.ahead = Some(next);
-        }
-        let mut sampled = self.runner.collect()?;
-        // Sequences that finished in the step before this one, or were aborted since it was
-        // decided, ran in it once more: their tokens are void.
-        let requests = &self.requests;
-        current.retain_decodes(&mut sampled, |id| requests.status(id).is_some());
-        let outcome = self.scheduler.complete(current, &sampled);
-        Ok(self.publish(outcome))
     }
 
     /// Steps until every request finished; returns them in the order they finished.

@@ -77,6 +77,15 @@ impl Scheduler {
         self.config
     }
 
+    /// The chapter 3 scheduler underneath (its managers, pool and cache).
+    pub fn chunked(&self) -> &ChunkedScheduler<OptionalCache> {
+        &self.inner
+    }
+
+    pub fn chunked_mut(&mut self) -> &mut ChunkedScheduler<OptionalCache> {
+        &mut self.inner
+    }
+
     pub fn pool(&self) -> &KvPool {
         &self.inner.pool
     }
@@ -219,12 +228,6 @@ impl Scheduler {
             }
         }
         // END SOLUTION
-    }
-
-    /// Decides the step after `in_flight` before its tokens are known, when that step is
-    /// certain (see [`ChunkedScheduler::schedule_ahead`]); the engine's overlap scheduling.
-    pub fn schedule_ahead(&mut self, in_flight: &Scheduled) -> Option<Scheduled> {
-        self.inner.schedule_ahead(in_flight)
     }
 
     /// Applies the sampled tokens of a step (see [`ChunkedScheduler::complete`]).

@@ -67,7 +67,6 @@ pub fn generate(
                 kv: vec![table.clone()],
                 sample: Some(SampleSpec::greedy()),
             }],
-            shared: vec![],
         };
         let mut row = runner.forward(&step)?.row(0).to_vec();
         let next = choose(&mut row, &output);

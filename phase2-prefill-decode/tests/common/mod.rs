@@ -49,7 +49,6 @@ pub fn greedy(
             kv: vec![table.clone()],
             sample: Some(SampleSpec::greedy()),
         }],
-        shared: vec![],
     };
     let first = runner.forward(&batch).unwrap();
     let mut out = vec![phase2::sampler::argmax(first.row(0))];

@@ -130,7 +130,6 @@ fn greedy(
 fn one(seq: &ForwardSeq) -> ForwardBatch {
     ForwardBatch {
         seqs: vec![seq.clone()],
-        shared: vec![],
     }
 }
 
@@ -358,7 +357,6 @@ fn cascade_equals_flat_attention_on_the_device() {
         ];
         let flat = ForwardBatch {
             seqs: seqs.clone(),
-            shared: vec![],
         };
         let cascade = ForwardBatch {
             seqs,
@@ -488,7 +486,6 @@ fn device_sampling_follows_the_host_sampler_on_the_same_logits() {
             .collect();
         let batch = ForwardBatch {
             seqs,
-            shared: vec![],
         };
         let logits: Logits = gpu.forward(&batch).unwrap();
         let want: Vec<TokenId> = batch

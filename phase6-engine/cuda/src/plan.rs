@@ -466,7 +466,6 @@ mod tests {
                 seq(1, 1, vec![BlockTable::from_pages(vec![9], 7)], true),
                 seq(2, 2, vec![BlockTable::from_pages(vec![1, 2], 17)], false),
             ],
-            shared: vec![],
         };
         let plan = StepPlan::new(&batch, &LIMITS).unwrap();
         // Row order: seq 1 (decode), then seq 0 and seq 2.
@@ -608,7 +607,6 @@ mod tests {
     fn padding_a_decode_step_stores_nothing_and_reads_nothing() {
         let batch = ForwardBatch {
             seqs: vec![seq(0, 1, vec![BlockTable::from_pages(vec![3], 2)], true)],
-            shared: vec![],
         };
         let mut plan = StepPlan::new(&batch, &LIMITS).unwrap();
         assert!(plan.is_flat_decode());

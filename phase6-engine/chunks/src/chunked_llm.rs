@@ -5,11 +5,9 @@
 //! pages, and builds a request as a list of KV segments: the system prompt's, each context's,
 //! then the request's own pages for the query and the answer. Nothing is re-tokenized and only
 //! what is new is computed. Requests of a batch that share segments are attended with cascade
-//! attention (see [`crate::cascade`]). Two composition modes (DESIGN.md): `Exact` output equals
-//! plain generation of the same tokens; `Independent` reuses each chunk's own K/V anywhere.
-
-mod store;
-mod types;
+//! attention (see [`crate::cascade`]). Two composition modes (docs/ARCHITECTURE.md, "The chunk
+//! API"): `Exact` output equals plain generation of the same tokens; `Independent` reuses each
+//! chunk's own K/V anywhere.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -21,17 +19,17 @@ use phase1::BlockTable;
 use phase5::{FinishedRequest, StreamEvent};
 use sha2::{Digest, Sha256};
 
-pub use store::metadata_map;
-use store::{ChainNode, ChunkStore, Item, StoredChunk};
-pub use types::{
+use phase2::{ModelConfig, Tokenizer, Weights};
+use phase6::{Error, LLM, ParamsList, Prompt, TokenStream};
+
+use crate::ChunkRunner;
+use crate::cascade::CascadeStats;
+use crate::cpu::chunk_cpu_runner;
+use crate::store::{ChainNode, ChunkStore, Item, StoredChunk};
+use crate::types::{
     Chunk, ChunkConfig, ChunkFilter, ChunkInfo, ChunkOutput, ChunkStats, ChunkType, Composition,
     CompositionMode, CompositionPreview, KvBlocks,
 };
-
-use crate::error::Error;
-use crate::llm::LLM;
-use crate::prompt::ParamsList;
-use crate::stream::TokenStream;
 
 /// A request over existing K/V pages: the segments it reads (holders added while it runs, so
 /// only its own pages are freed when it ends) and the tokens to compute after them.
@@ -62,8 +60,11 @@ pub struct QueuedFromChunks {
     pub cached_tokens: usize,
 }
 
+/// The engine of chapter 6.1 over a [`ChunkRunner`], with the chunk store on top.
+pub type ChunkLLM = LLM<dyn ChunkRunner>;
+
 pub struct ChunkedLLM {
-    llm: LLM,
+    llm: ChunkLLM,
     config: ChunkConfig,
     store: ChunkStore,
     hits: u64,
@@ -88,12 +89,17 @@ fn chunk_hash(chunk_type: ChunkType, content: &[u8], salt: Option<u64>) -> Strin
 impl ChunkedLLM {
     /// Loads a model folder and starts the engine with the chunk API on top.
     pub fn new(model_dir: impl AsRef<Path>, config: ChunkConfig) -> Result<Self, Error> {
-        let llm = LLM::new(model_dir, config.engine.clone())?;
+        let dir = model_dir.as_ref();
+        let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let runner = chunk_cpu_runner(model_config.clone(), &weights, &config.engine)?;
+        let llm = LLM::from_runner(runner, model_config, Some(tokenizer), config.engine.clone())?;
         Self::from_llm(llm, config)
     }
 
     /// The chunk API over an engine that is already running.
-    pub fn from_llm(llm: LLM, config: ChunkConfig) -> Result<Self, Error> {
+    pub fn from_llm(llm: ChunkLLM, config: ChunkConfig) -> Result<Self, Error> {
         if !(config.chunk_memory_ratio > 0.0 && config.chunk_memory_ratio <= 1.0) {
             return Err(Error::InvalidConfig(format!(
                 "chunk_memory_ratio = {}: must be in (0, 1]",
@@ -114,11 +120,11 @@ impl ChunkedLLM {
         })
     }
 
-    pub fn llm(&self) -> &LLM {
+    pub fn llm(&self) -> &ChunkLLM {
         &self.llm
     }
 
-    pub fn llm_mut(&mut self) -> &mut LLM {
+    pub fn llm_mut(&mut self) -> &mut ChunkLLM {
         &mut self.llm
     }
 
@@ -126,16 +132,21 @@ impl ChunkedLLM {
         &self.config
     }
 
+    /// What cascade planning found in the steps run so far.
+    pub fn cascade_stats(&self) -> CascadeStats {
+        self.llm.engine().runner().cascade_stats()
+    }
+
     fn pool(&mut self) -> &mut phase1::KvPool {
-        self.llm.engine_mut().scheduler_mut().pool_mut()
+        self.llm.kv_pool_mut()
     }
 
     fn page_size(&self) -> usize {
-        self.llm.engine().scheduler().pool().page_size()
+        self.llm.kv_pool().page_size()
     }
 
     fn budget_pages(&self) -> usize {
-        let pages = self.llm.engine().scheduler().pool().num_pages();
+        let pages = self.llm.kv_pool().num_pages();
         (pages as f64 * self.config.chunk_memory_ratio as f64) as usize
     }
 
@@ -265,7 +276,7 @@ impl ChunkedLLM {
         }
         let tokens = match tokens {
             Some(t) => t,
-            None => self.llm.encode(&crate::Prompt::Text(content.to_string()))?,
+            None => self.llm.encode(&Prompt::Text(content.to_string()))?,
         };
         if tokens.is_empty() {
             return Err(Error::IncompatibleChunks(
@@ -844,7 +855,7 @@ impl ChunkedLLM {
         existing_token_count: usize,
         new_tokens: &[TokenId],
         params: SamplingParams,
-    ) -> Result<TokenStream<'_>, Error> {
+    ) -> Result<TokenStream<'_, dyn ChunkRunner>, Error> {
         let vs = self.virtual_sequence(existing, existing_token_count, new_tokens)?;
         let id: SeqId = self.llm.engine_mut().add_request_with_kv(
             vs.prompt(),
@@ -865,7 +876,7 @@ impl ChunkedLLM {
         let blocks = self.conversation.clone().ok_or_else(|| {
             Error::IncompatibleChunks("no conversation yet: compose or infer first".into())
         })?;
-        let new_tokens = self.llm.encode(&crate::Prompt::Text(text.to_string()))?;
+        let new_tokens = self.llm.encode(&Prompt::Text(text.to_string()))?;
         self.run_virtual(VirtualSequence { blocks, new_tokens }, params)
     }
 

@@ -4,15 +4,23 @@
 //! shared by a whole batch, contexts shared by some. FlashInfer's cascade attention attends
 //! such a shared segment once for all the queries that read it and merges the partial result
 //! into each query's attention by log-sum-exp; for a long shared prefix that turns many reads
-//! of the same K/V into one. `CascadeRunner` wraps any runner, writes the plan
-//! ([`SharedSegment`]s) into each step and counts what it found.
+//! of the same K/V into one. A [`crate::ChunkRunner`] plans each step it runs with
+//! [`plan_cascade`] and counts what it found in [`CascadeStats`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
-use phase0::TokenId;
-use phase1::{BlockTable, KvLayout};
-use phase2::{Error, ForwardBatch, Logits, ModelRunner, SharedSegment};
+use phase1::BlockTable;
+use phase2::ForwardBatch;
+
+/// Several sequences attending to the same KV segment: the runner reads that segment once for
+/// all their queries and merges the partial result with the rest of each sequence's attention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedSegment {
+    /// Indices into [`ForwardBatch::seqs`]; each has the same pages as its `kv[segment]`.
+    pub seqs: Vec<usize>,
+    /// Which segment of those sequences is shared (never their own, last one).
+    pub segment: usize,
+}
 
 /// Groups the sequences of a batch by identical segments at the same position in their KV
 /// list (never their own, last, segment). Only groups of two or more are worth a cascade.
@@ -48,99 +56,19 @@ pub struct CascadeStats {
     pub tokens_saved: u64,
 }
 
-/// A runner that adds a cascade plan to every step it forwards.
-pub struct CascadeRunner<R> {
-    inner: R,
-    stats: Arc<Mutex<CascadeStats>>,
-}
-
-impl<R: ModelRunner> CascadeRunner<R> {
-    pub fn new(inner: R) -> Self {
-        Self {
-            inner,
-            stats: Arc::default(),
-        }
-    }
-
-    /// A handle on the counters that stays readable once the runner is inside an engine.
-    pub fn stats_handle(&self) -> Arc<Mutex<CascadeStats>> {
-        Arc::clone(&self.stats)
-    }
-
-    fn with_plan<T>(
-        &mut self,
-        batch: &ForwardBatch,
-        run: impl FnOnce(&mut R, &ForwardBatch) -> T,
-    ) -> T {
-        if !batch.shared.is_empty() || batch.seqs.iter().all(|s| s.kv.len() < 2) {
-            return run(&mut self.inner, batch);
-        }
-        let plan = plan_cascade(batch);
+impl CascadeStats {
+    /// Counts one step's plan.
+    pub fn record(&mut self, batch: &ForwardBatch, plan: &[SharedSegment]) {
         if plan.is_empty() {
-            return run(&mut self.inner, batch);
+            return;
         }
-        {
-            let mut stats = self.stats.lock().expect("stats lock");
-            stats.steps += 1;
-            for group in &plan {
-                let n = group.seqs.len() as u64;
-                stats.shared_reads += n;
-                let tokens = batch.seqs[group.seqs[0]].kv[group.segment].num_tokens() as u64;
-                stats.tokens_saved += (n - 1) * tokens;
-            }
+        self.steps += 1;
+        for group in plan {
+            let n = group.seqs.len() as u64;
+            self.shared_reads += n;
+            let tokens = batch.seqs[group.seqs[0]].kv[group.segment].num_tokens() as u64;
+            self.tokens_saved += (n - 1) * tokens;
         }
-        let planned = ForwardBatch {
-            seqs: batch.seqs.clone(),
-            shared: plan,
-        };
-        run(&mut self.inner, &planned)
-    }
-}
-
-impl<R: ModelRunner> ModelRunner for CascadeRunner<R> {
-    fn kv_layout(&self) -> KvLayout {
-        self.inner.kv_layout()
-    }
-
-    fn num_pages(&self) -> usize {
-        self.inner.num_pages()
-    }
-
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-
-    fn copy_kv(
-        &mut self,
-        src: &BlockTable,
-        dst: &BlockTable,
-        rope_shift: i64,
-    ) -> Result<(), Error> {
-        self.inner.copy_kv(src, dst, rope_shift)
-    }
-
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
-        self.with_plan(batch, |r, b| r.forward(b))
-    }
-
-    fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
-        self.with_plan(batch, |r, b| r.forward_sample(b))
-    }
-
-    fn can_overlap(&self) -> bool {
-        self.inner.can_overlap()
-    }
-
-    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
-        self.with_plan(batch, |r, b| r.launch(b))
-    }
-
-    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
-        self.inner.collect()
     }
 }
 
@@ -173,7 +101,6 @@ mod tests {
                 seq(vec![own(13)]),
                 seq(vec![sys, own(14)]),
             ],
-            shared: vec![],
         };
         let plan = plan_cascade(&batch);
         assert_eq!(

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use phase0::TokenId;
 use phase1::{BlockTable, KvPool};
 
-use crate::chunks::types::{ChunkInfo, ChunkType};
+use crate::types::{ChunkInfo, ChunkType};
 
 /// A registered chunk.
 #[derive(Debug, Clone)]

@@ -354,7 +354,6 @@ mod tests {
         StepPlan::new(
             &ForwardBatch {
                 seqs,
-                shared: vec![],
             },
             &limits,
         )

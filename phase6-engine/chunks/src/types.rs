@@ -9,8 +9,8 @@ use std::time::SystemTime;
 use phase0::{FinishReason, TokenId};
 use phase1::BlockTable;
 
-use crate::config::Config;
-use crate::error::Error;
+use phase6::Config;
+use phase6::Error;
 
 /// The role a piece of context plays in a composition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

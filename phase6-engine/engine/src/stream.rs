@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use phase0::{FinishReason, SeqId, TokenId};
-use phase2::StreamDecoder;
+use phase2::{ModelRunner, StreamDecoder};
 use phase5::StreamEvent;
 
 use crate::error::Error;
@@ -18,8 +18,8 @@ pub struct StreamPiece {
 }
 
 /// Yields the pieces of one request; other requests in the engine advance too.
-pub struct TokenStream<'a> {
-    llm: &'a mut LLM,
+pub struct TokenStream<'a, R: ?Sized + ModelRunner = dyn ModelRunner> {
+    llm: &'a mut LLM<R>,
     id: SeqId,
     rx: Receiver<StreamEvent>,
     decoder: StreamDecoder,
@@ -27,8 +27,8 @@ pub struct TokenStream<'a> {
     mine: HashMap<SeqId, usize>,
 }
 
-impl<'a> TokenStream<'a> {
-    pub(crate) fn new(llm: &'a mut LLM, id: SeqId, rx: Receiver<StreamEvent>) -> Self {
+impl<'a, R: ?Sized + ModelRunner> TokenStream<'a, R> {
+    pub(crate) fn new(llm: &'a mut LLM<R>, id: SeqId, rx: Receiver<StreamEvent>) -> Self {
         Self {
             llm,
             id,
@@ -49,7 +49,7 @@ impl<'a> TokenStream<'a> {
     }
 }
 
-impl Iterator for TokenStream<'_> {
+impl<R: ?Sized + ModelRunner> Iterator for TokenStream<'_, R> {
     type Item = Result<StreamPiece, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {

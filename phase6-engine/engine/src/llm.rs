@@ -4,12 +4,12 @@
 //! prompt) and returns one output per prompt, in order. The step API (`add_request`, `step`,
 //! `is_finished`, `abort`) exposes the loop underneath for callers that interleave requests,
 //! and `generate_stream` yields text as it is produced. Everything runs on the continuous-
-//! batching engine of chapter 5 over the runner the config chose.
+//! batching engine of chapter 5, over the CPU runner (`LLM::new`) or any runner a later
+//! chapter hands to `LLM::from_runner`.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -17,25 +17,27 @@ use phase0::{SamplingParams, SeqId, TokenId};
 use phase2::{ChatMessage, ModelConfig, ModelRunner, Tokenizer, Weights};
 use phase5::{Batching, Engine, FinishedRequest, SchedulerConfig, StepOutput, StreamEvent};
 
-use crate::cascade::{CascadeRunner, CascadeStats};
 use crate::config::{Config, Device};
+use crate::driver::{OneStepAtATime, StepDriver};
 use crate::error::Error;
 use crate::prompt::{Output, ParamsList, Prompt};
-use crate::runner_select::build_runner;
+use crate::runner::{Runner, cpu_runner};
 use crate::stream::TokenStream;
 
 /// What `LLM::step` returns: the requests that finished (id, generated ids) and the signed
 /// token count of the step.
 pub type StepResult = (Vec<(SeqId, Vec<TokenId>)>, isize);
 
-pub struct LLM {
-    engine: Engine<Box<dyn ModelRunner>>,
+/// The engine with its tokenizer and config. `R` is the runner's type: any runner by default;
+/// a later chapter that needs more of its runner names a narrower trait object.
+pub struct LLM<R: ?Sized + ModelRunner = dyn ModelRunner> {
+    engine: Engine<Box<R>>,
+    driver: Box<dyn StepDriver<R>>,
     tokenizer: Option<Tokenizer>,
     config: Config,
     model_config: ModelConfig,
     device: Device,
     startup: String,
-    cascade: Arc<Mutex<CascadeStats>>,
     /// Requests that finished while `generate` or a stream was stepping for its own requests:
     /// they belong to the next `step` caller.
     held: Vec<FinishedRequest>,
@@ -53,10 +55,44 @@ impl LLM {
     }
 
     /// Starts the engine on weights at hand (e.g. random weights of a published
-    /// architecture); without a tokenizer, prompts must be token ids.
+    /// architecture) on the CPU; without a tokenizer, prompts must be token ids.
     pub fn with_weights(
         model_config: ModelConfig,
         weights: &Weights,
+        tokenizer: Option<Tokenizer>,
+        config: Config,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        if let Device::Cuda(n) = config.device {
+            return Err(Error::Cuda(format!(
+                "cuda:{n} asked for, but LLM::new runs the CPU runner: the CUDA runner is \
+                 started by `nanoserve` built with `--features cuda`"
+            )));
+        }
+        let Runner {
+            runner,
+            device,
+            report,
+        } = cpu_runner(model_config.clone(), weights, &config)?;
+        Self::from_runner(
+            Runner {
+                runner: runner as Box<dyn ModelRunner>,
+                device,
+                report,
+            },
+            model_config,
+            tokenizer,
+            config,
+        )
+    }
+}
+
+impl<R: ?Sized + ModelRunner> LLM<R> {
+    /// Starts the engine over a runner built by the caller; steps run one at a time until
+    /// [`LLM::set_driver`] says otherwise.
+    pub fn from_runner(
+        runner: Runner<R>,
+        model_config: ModelConfig,
         tokenizer: Option<Tokenizer>,
         mut config: Config,
     ) -> Result<Self, Error> {
@@ -70,7 +106,6 @@ impl LLM {
         }
         eos.sort_unstable();
         eos.dedup();
-        let runner = build_runner(model_config.clone(), weights, &config)?;
         let scheduler = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
@@ -90,18 +125,10 @@ impl LLM {
             model_config.num_parameters(),
             config.max_model_len
         );
-        let cascade_runner = CascadeRunner::new(runner.runner);
-        let cascade = cascade_runner.stats_handle();
-        let mut engine = Engine::new(
-            Box::new(cascade_runner) as Box<dyn ModelRunner>,
-            scheduler,
-            eos,
-            seed,
-        )?;
-        engine.set_overlap(config.overlap_scheduling);
+        let engine = Engine::new(runner.runner, scheduler, eos, seed)?;
         Ok(Self {
             engine,
-            cascade,
+            driver: Box::new(OneStepAtATime),
             tokenizer,
             device: runner.device,
             config,
@@ -109,6 +136,11 @@ impl LLM {
             startup,
             held: Vec::new(),
         })
+    }
+
+    /// Replaces how steps are run (see [`StepDriver`]); call it before the first request.
+    pub fn set_driver(&mut self, driver: Box<dyn StepDriver<R>>) {
+        self.driver = driver;
     }
 
     /// What the engine took at start: device, KV pages and tokens, memory.
@@ -125,11 +157,6 @@ impl LLM {
         &self.model_config
     }
 
-    /// What cascade planning found: steps with shared segments, shared reads, tokens saved.
-    pub fn cascade_stats(&self) -> CascadeStats {
-        *self.cascade.lock().expect("stats lock")
-    }
-
     pub fn device(&self) -> Device {
         self.device
     }
@@ -138,12 +165,32 @@ impl LLM {
         self.tokenizer.as_ref()
     }
 
-    pub fn engine(&self) -> &Engine<Box<dyn ModelRunner>> {
+    pub fn engine(&self) -> &Engine<Box<R>> {
         &self.engine
     }
 
-    pub fn engine_mut(&mut self) -> &mut Engine<Box<dyn ModelRunner>> {
+    pub fn engine_mut(&mut self) -> &mut Engine<Box<R>> {
         &mut self.engine
+    }
+
+    /// The engine's KV pages, for K/V a caller keeps outside any request (the chunk API keeps
+    /// registered chunks there): allocate from it and give back what you took.
+    pub fn kv_pool(&self) -> &phase1::KvPool {
+        self.engine.scheduler().pool()
+    }
+
+    pub fn kv_pool_mut(&mut self) -> &mut phase1::KvPool {
+        self.engine.scheduler_mut().pool_mut()
+    }
+
+    /// One step of the engine, through the driver.
+    fn run_step(&mut self) -> Result<StepOutput, Error> {
+        Ok(self.driver.step(&mut self.engine)?)
+    }
+
+    /// No request waiting or running, and no step in flight.
+    fn idle(&self) -> bool {
+        self.engine.is_finished() && !self.driver.in_flight()
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, Error> {
@@ -201,10 +248,10 @@ impl LLM {
     pub fn step(&mut self) -> Result<StepResult, Error> {
         let mut finished: Vec<(SeqId, Vec<TokenId>)> =
             self.held.drain(..).map(|f| (f.id, f.output)).collect();
-        if self.engine.is_finished() {
+        if self.idle() {
             return Ok((finished, 0));
         }
-        let out = self.engine.step()?;
+        let out = self.run_step()?;
         let num_tokens = if out.num_prefill_tokens > 0 {
             (out.num_prefill_tokens + out.num_decode_tokens) as isize
         } else {
@@ -216,12 +263,12 @@ impl LLM {
 
     /// Runs one step and returns everything it did (tokens, finished requests with timings).
     pub fn step_output(&mut self) -> Result<StepOutput, Error> {
-        Ok(self.engine.step()?)
+        self.run_step()
     }
 
     /// True when no request is waiting or running (and none is held for `step`).
     pub fn is_finished(&self) -> bool {
-        self.engine.is_finished() && self.held.is_empty()
+        self.idle() && self.held.is_empty()
     }
 
     /// Cancels a request; its pages come back. False if it is unknown or already finished.
@@ -241,11 +288,11 @@ impl LLM {
     }
 
     /// Steps the engine for one caller's requests; other finished requests are held for `step`.
-    pub(crate) fn step_for(
+    pub fn step_for(
         &mut self,
         mine: &HashMap<SeqId, usize>,
     ) -> Result<(StepOutput, Vec<FinishedRequest>), Error> {
-        let mut out = self.engine.step()?;
+        let mut out = self.run_step()?;
         let (own, others): (Vec<_>, Vec<_>) = out
             .finished
             .drain(..)
@@ -322,7 +369,7 @@ impl LLM {
     }
 
     /// A stream of a request already queued (e.g. one over existing K/V blocks).
-    pub fn stream_existing(&mut self, id: SeqId) -> Result<TokenStream<'_>, Error> {
+    pub fn stream_existing(&mut self, id: SeqId) -> Result<TokenStream<'_, R>, Error> {
         let rx = self.engine.subscribe(id).ok_or(Error::UnknownRequest(id))?;
         Ok(TokenStream::new(self, id, rx))
     }
@@ -332,7 +379,7 @@ impl LLM {
         &mut self,
         prompt: impl Into<Prompt>,
         params: SamplingParams,
-    ) -> Result<TokenStream<'_>, Error> {
+    ) -> Result<TokenStream<'_, R>, Error> {
         let (id, rx) = self.add_request_streaming(prompt, params)?;
         Ok(TokenStream::new(self, id, rx))
     }

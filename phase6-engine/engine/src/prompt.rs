@@ -49,7 +49,7 @@ pub enum ParamsList {
 
 impl ParamsList {
     /// The params of prompt `i` of `n`, or an error when the counts disagree.
-    pub(crate) fn expand(self, n: usize) -> Result<Vec<SamplingParams>, crate::Error> {
+    pub fn expand(self, n: usize) -> Result<Vec<SamplingParams>, crate::Error> {
         match self {
             ParamsList::One(p) => Ok(vec![p; n]),
             ParamsList::PerPrompt(v) if v.len() == n => Ok(v),

@@ -47,7 +47,6 @@ fn run(
     let logits = runner
         .forward(&ForwardBatch {
             seqs: vec![seq],
-            shared: vec![],
         })
         .unwrap();
     (logits.data, own)
