@@ -7,9 +7,10 @@
 //! feeds the same tokens through the independent K/V and reports how often the independent
 //! argmax agrees and the mean |difference| of the chosen tokens' log-probabilities.
 //!
-//! `cargo run --release -p phase6 --example independent_drift`
+//! `cargo run --release -p phase6-chunks --example independent_drift`
 
 use phase1::{BlockTable, KvPool};
+use phase6_chunks::{CascadeCpuRunner, ChunkRunner};
 use phase2::{
     CpuRunner, ForwardBatch, ForwardSeq, Model, ModelRunner, SampleSpec, Tokenizer, sampler::argmax,
 };
@@ -26,7 +27,7 @@ fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
 
 /// Runs `tokens` after `segments` (new pages) and returns the last logits and the segment.
 fn run(
-    runner: &mut CpuRunner,
+    runner: &mut CascadeCpuRunner,
     pool: &mut KvPool,
     segments: &[BlockTable],
     tokens: &[u32],
@@ -55,7 +56,7 @@ fn run(
 /// Teacher-forces `continuation` after `prompt` on `segments`: per step, the log-probability of
 /// the forced token and the argmax.
 fn score(
-    runner: &mut CpuRunner,
+    runner: &mut CascadeCpuRunner,
     pool: &mut KvPool,
     mut segments: Vec<BlockTable>,
     prompt: &[u32],
@@ -77,7 +78,7 @@ fn main() {
     let dir = phase6::default_model_dir();
     let model = Model::load(&dir).expect("the embedded model loads");
     let tok = Tokenizer::from_dir(&dir).expect("its tokenizer loads");
-    let mut runner = CpuRunner::new(model, PAGES, PAGE);
+    let mut runner = CascadeCpuRunner::new(CpuRunner::new(model, PAGES, PAGE));
     let enc = |s: &str| tok.encode(s).unwrap();
     let system = enc("You are the Chorus. Tell the story of Verona in verse.\n");
     let contexts = [

@@ -75,6 +75,16 @@ pub struct ChunkedLLM {
     registrations: u64,
 }
 
+/// Loads a model folder and starts the engine on the CPU chunk runner ([`crate::CascadeCpuRunner`]).
+pub fn cpu_chunk_llm(model_dir: impl AsRef<Path>, config: phase6::Config) -> Result<ChunkLLM, Error> {
+    let dir = model_dir.as_ref();
+    let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let weights = Weights::open(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let runner = chunk_cpu_runner(model_config.clone(), &weights, &config)?;
+    LLM::from_runner(runner, model_config, Some(tokenizer), config)
+}
+
 fn chunk_hash(chunk_type: ChunkType, content: &[u8], salt: Option<u64>) -> String {
     let mut h = Sha256::new();
     h.update(chunk_type.as_str().as_bytes());
@@ -89,12 +99,7 @@ fn chunk_hash(chunk_type: ChunkType, content: &[u8], salt: Option<u64>) -> Strin
 impl ChunkedLLM {
     /// Loads a model folder and starts the engine with the chunk API on top.
     pub fn new(model_dir: impl AsRef<Path>, config: ChunkConfig) -> Result<Self, Error> {
-        let dir = model_dir.as_ref();
-        let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::open(dir)?;
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let runner = chunk_cpu_runner(model_config.clone(), &weights, &config.engine)?;
-        let llm = LLM::from_runner(runner, model_config, Some(tokenizer), config.engine.clone())?;
+        let llm = cpu_chunk_llm(model_dir, config.engine.clone())?;
         Self::from_llm(llm, config)
     }
 

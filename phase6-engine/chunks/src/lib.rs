@@ -17,7 +17,7 @@ mod store;
 mod types;
 
 pub use cascade::{CascadeStats, SharedSegment, plan_cascade};
-pub use chunked_llm::{ChunkLLM, ChunkedLLM, QueuedFromChunks, VirtualSequence};
+pub use chunked_llm::{ChunkLLM, ChunkedLLM, QueuedFromChunks, VirtualSequence, cpu_chunk_llm};
 pub use cpu::{CascadeCpuRunner, chunk_cpu_runner};
 pub use store::metadata_map;
 pub use types::{

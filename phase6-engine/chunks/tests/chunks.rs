@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phase6::{
-    ChunkConfig, ChunkFilter, ChunkType, ChunkedLLM, Composition, CompositionMode, Config, Device,
-    Error, LLM, Prompt, SamplingParams, metadata_map,
+use phase6::{Config, Device, Error, LLM, Prompt, SamplingParams};
+use phase6_chunks::{
+    ChunkConfig, ChunkFilter, ChunkType, ChunkedLLM, Composition, CompositionMode, metadata_map,
 };
 
 const SYSTEM: &str = "You are the Chorus. Speak in verse of Verona and its two households.\n";
@@ -110,7 +110,7 @@ fn exact_composition_equals_plain_generation_alone_and_batched() {
     assert_eq!(outs[1].token_ids, expected_ab);
     assert_eq!(outs[2].token_ids, expected_b);
     assert_eq!(outs[3].token_ids, expected_a);
-    let cascade = c.llm().cascade_stats();
+    let cascade = c.cascade_stats();
     assert!(cascade.steps > 0 && cascade.tokens_saved > 0, "{cascade:?}");
 }
 

@@ -10,9 +10,9 @@ use phase2::{StreamDecoder, Tokenizer};
 use phase5::StreamEvent;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::engine_thread::{Finish, GenEvent};
-use super::errors::ApiError;
-use super::stop::{Scan, StopStrings};
+use crate::engine_thread::{Finish, GenEvent};
+use crate::errors::ApiError;
+use crate::stop::{Scan, StopStrings};
 
 /// How a request left the engine thread's care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

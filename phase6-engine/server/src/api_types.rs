@@ -6,8 +6,8 @@ use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
 use serde_json::{Value, json};
 
-use super::engine_thread::{Admitted, Finish};
-use crate::chunks::Composition;
+use crate::engine_thread::{Admitted, Finish};
+use phase6_chunks::Composition;
 
 /// The prompt of a request, before tokenization (which happens on the engine thread).
 #[derive(Debug, Clone, PartialEq)]

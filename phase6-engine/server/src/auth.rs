@@ -7,8 +7,8 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::errors::ApiError;
-use super::routes::AppState;
+use crate::errors::ApiError;
+use crate::routes::AppState;
 
 /// Equal contents, compared without an early exit.
 fn same(a: &[u8], b: &[u8]) -> bool {

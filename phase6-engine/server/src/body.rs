@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::errors::ApiError;
-use super::routes::AppState;
+use crate::errors::ApiError;
+use crate::routes::AppState;
 
 /// A request body that parsed as a JSON object.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,13 +15,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::api_types::Endpoint;
-use super::body::{JsonBody, kind_of};
-use super::errors::ApiError;
-use super::openai;
-use super::request;
-use super::routes::AppState;
-use crate::chunks::{ChunkFilter, ChunkInfo, ChunkType};
+use crate::api_types::Endpoint;
+use crate::body::{JsonBody, kind_of};
+use crate::errors::ApiError;
+use crate::openai;
+use crate::request;
+use crate::routes::AppState;
+use phase6_chunks::{ChunkFilter, ChunkInfo, ChunkType};
 
 fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())

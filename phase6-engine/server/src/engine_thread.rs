@@ -25,15 +25,14 @@ use phase5::StreamEvent;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
-use super::active::{Active, Ended};
-use super::api_types::PromptInput;
-use super::errors::ApiError;
-use super::stats::{Counters, EngineStats};
-use super::stop::StopStrings;
-use crate::chunks::{ChunkConfig, ChunkType, ChunkedLLM, Composition};
-use crate::error::Error;
-use crate::llm::LLM;
-use crate::prompt::Prompt;
+use crate::active::{Active, Ended};
+use crate::api_types::PromptInput;
+use crate::errors::ApiError;
+use crate::stats::{Counters, EngineStats};
+use crate::stop::StopStrings;
+use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
+use phase6::Error;
+use phase6::Prompt;
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
 /// the channel to send it on.
@@ -136,7 +135,7 @@ impl EngineHandle {
     /// model is ready (or with the error that kept it from loading).
     pub fn spawn<F>(build: F) -> Result<Self, Error>
     where
-        F: FnOnce() -> Result<LLM, Error> + Send + 'static,
+        F: FnOnce() -> Result<ChunkLLM, Error> + Send + 'static,
     {
         let (commands, inbox) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);

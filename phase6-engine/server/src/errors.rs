@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::error::Error;
+use phase6::Error;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {

@@ -1,4 +1,4 @@
-//! `nanoserve serve`: an OpenAI-compatible HTTP server over the engine.
+//! Chapter 6.3: an OpenAI-compatible HTTP server over the engine (`nanoserve serve`).
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, the
 //! chunk API under `/v1/chunks`, `GET /health` and `GET /metrics` (Prometheus text).
@@ -21,6 +21,8 @@ mod body;
 mod chunks;
 mod engine_thread;
 mod errors;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod metrics;
 mod openai;
 mod request;

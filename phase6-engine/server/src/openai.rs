@@ -9,12 +9,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::api_types::{Endpoint, GenerationRequest, ResponseShape, Usage};
-use super::body::JsonBody;
-use super::engine_thread::{GenEvent, Generation};
-use super::errors::ApiError;
-use super::routes::AppState;
-use super::{request, sse};
+use crate::api_types::{Endpoint, GenerationRequest, ResponseShape, Usage};
+use crate::body::JsonBody;
+use crate::engine_thread::{GenEvent, Generation};
+use crate::errors::ApiError;
+use crate::routes::AppState;
+use crate::{request, sse};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()

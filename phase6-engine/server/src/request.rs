@@ -10,11 +10,11 @@ use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
 use serde_json::Value;
 
-use super::api_types::{GenerationRequest, PromptInput};
-use super::body::{JsonBody, kind_of};
-use super::engine_thread::EngineInfo;
-use super::errors::ApiError;
-use crate::chunks::Composition;
+use crate::api_types::{GenerationRequest, PromptInput};
+use crate::body::{JsonBody, kind_of};
+use crate::engine_thread::EngineInfo;
+use crate::errors::ApiError;
+use phase6_chunks::Composition;
 
 /// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room).
 const COMPLETION_MAX_TOKENS: usize = 16;

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::engine_thread::EngineHandle;
-use super::errors::ApiError;
-use super::{auth, chunks, metrics, openai};
+use crate::engine_thread::EngineHandle;
+use crate::errors::ApiError;
+use crate::{auth, chunks, metrics, openai};
 
 /// What every handler can reach.
 #[derive(Clone)]

@@ -15,9 +15,9 @@ use futures_util::stream;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::api_types::{ResponseShape, Usage};
-use super::engine_thread::{Admitted, GenEvent, Generation};
-use super::errors::ApiError;
+use crate::api_types::{ResponseShape, Usage};
+use crate::engine_thread::{Admitted, GenEvent, Generation};
+use crate::errors::ApiError;
 
 /// One event of the stream.
 pub fn frame(data: &str) -> Bytes {

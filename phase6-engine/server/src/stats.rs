@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use phase1::PageId;
 
-use super::active::Ended;
-use super::engine_thread::Finish;
-use crate::chunks::ChunkedLLM;
+use crate::active::Ended;
+use crate::engine_thread::Finish;
+use phase6_chunks::ChunkedLLM;
 
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 

@@ -1,4 +1,4 @@
-//! Exercise 6.1: which registered chunk to evict, weighing what it costs to recompute.
+//! Exercise 6.2.1: which registered chunk to evict, weighing what it costs to recompute.
 //!
 //! Build: [`GreedyDualSize`], the eviction order of GreedyDual-Size (Cao and Irani, 1997).
 //! Each chunk holds a credit `H = L + cost / pages`, set when it is registered and again each
@@ -12,7 +12,7 @@
 //! quadratic). Credit per page keeps the chunks that are dear to recompute for the memory they
 //! take, and the inflation still ages out the ones nobody asks for.
 //!
-//! Checked by `cargo test -p phase6 --features exercises --test exercises chunk_eviction`.
+//! Checked by `cargo test -p phase6-chunks --features exercises --test exercises chunk_eviction`.
 
 use std::collections::HashMap;
 
@@ -44,7 +44,7 @@ impl GreedyDualSize {
     /// `pages` the KV pages it holds (at least 1 counts).
     pub fn touch(&mut self, id: u64, pages: usize, cost: f64) {
         if !cfg!(feature = "solutions") {
-            todo!("exercise 6.1: credit = the inflation plus the cost per page");
+            todo!("exercise 6.2.1: credit = the inflation plus the cost per page");
         }
         // BEGIN SOLUTION
         self.touches += 1;
@@ -57,7 +57,7 @@ impl GreedyDualSize {
     /// `None` when no chunk is held.
     pub fn victim(&self) -> Option<u64> {
         if !cfg!(feature = "solutions") {
-            todo!("exercise 6.1: the smallest credit, ties to the oldest touch");
+            todo!("exercise 6.2.1: the smallest credit, ties to the oldest touch");
         }
         // BEGIN SOLUTION
         self.credit
@@ -71,7 +71,7 @@ impl GreedyDualSize {
     /// inflation rises to its credit (it never falls). Returns false for an unknown id.
     pub fn evict(&mut self, id: u64) -> bool {
         if !cfg!(feature = "solutions") {
-            todo!("exercise 6.1: forget it, raise the inflation to its credit");
+            todo!("exercise 6.2.1: forget it, raise the inflation to its credit");
         }
         // BEGIN SOLUTION
         match self.credit.remove(&id) {

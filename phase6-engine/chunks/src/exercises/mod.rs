@@ -1,8 +1,7 @@
-//! The exercises of chapter 6: policies a serving engine needs around the model.
+//! The exercise of chapter 6.2: a policy the chunk store needs around the model.
 //!
-//! Every body below starts as a `todo!("exercise 6.k: ...")`; `tests/exercises.rs` checks
-//! them: `cargo test -p phase6 --features exercises --test exercises`. The reference answers
-//! run with `--features exercises,solutions`.
+//! Every body below starts as a `todo!("exercise 6.2.k: ...")`; `tests/exercises.rs` checks
+//! it: `cargo test -p phase6-chunks --features exercises --test exercises`. The reference
+//! answers run with `--features exercises,solutions`.
 
 pub mod chunk_eviction;
-pub mod token_bucket;

@@ -1,4 +1,4 @@
-//! Exercise 6.2: a token bucket, to limit how many tokens one API key may ask for.
+//! Exercise 6.3.1: a token bucket, to limit how many tokens one API key may ask for.
 //!
 //! Build: [`TokenBucket`]: it holds up to `capacity` tokens and refills at `refill_per_sec`;
 //! a request for `n` tokens takes them if they are there, and otherwise says how long until
@@ -8,7 +8,7 @@
 //! client's time to first token grows. Public LLM APIs limit tokens per minute per key; a
 //! bucket allows short bursts (up to its capacity) while holding the average to its rate.
 //!
-//! Checked by `cargo test -p phase6 --features exercises --test exercises token_bucket`.
+//! Checked by `cargo test -p phase6-server --features exercises --test exercises token_bucket`.
 
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ impl TokenBucket {
     /// A `now` earlier than a time already seen counts as no time passing.
     pub fn try_take(&mut self, n: u64, now: Duration) -> Result<(), Duration> {
         if !cfg!(feature = "solutions") {
-            todo!("exercise 6.2: refill, then take n tokens or say how long to wait");
+            todo!("exercise 6.3.1: refill, then take n tokens or say how long to wait");
         }
         // BEGIN SOLUTION
         let n = n as f64;
@@ -67,7 +67,7 @@ impl TokenBucket {
     /// Adds what flowed in since `last`, up to the capacity.
     fn refill(&mut self, now: Duration) {
         if !cfg!(feature = "solutions") {
-            todo!("exercise 6.2: add what flowed in since the last update, up to the capacity");
+            todo!("exercise 6.3.1: add what flowed in since the last update, up to the capacity");
         }
         // BEGIN SOLUTION
         if now > self.last {

@@ -2,7 +2,7 @@
 //! stops the server: after every kind of bad request, and a few hundred mangled bodies, it
 //! still answers.
 
-use phase6::server::ServeOptions;
+use phase6_server::ServeOptions;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use phase6::server::{EngineHandle, ServeOptions, Server};
-use phase6::{Config, Device, LLM};
+use phase6_server::{EngineHandle, ServeOptions, Server};
+use phase6::{Config, Device};
+use phase6_chunks::cpu_chunk_llm;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::Value;
 
@@ -29,7 +30,7 @@ pub struct TestServer {
 /// Starts a server on the current runtime; it stops when the test's runtime ends.
 pub async fn start(options: ServeOptions) -> TestServer {
     let engine = tokio::task::spawn_blocking(|| {
-        EngineHandle::spawn(|| LLM::new(phase6::default_model_dir(), config()))
+        EngineHandle::spawn(|| cpu_chunk_llm(phase6::default_model_dir(), config()))
     })
     .await
     .unwrap()

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use phase6::server::ServeOptions;
+use phase6_server::ServeOptions;
 
 use crate::harness::start;
 

@@ -1,8 +1,8 @@
 //! Graceful shutdown: once the signal comes, the server accepts no new connection but answers
 //! every request in flight to its end, then `run_until` returns.
 
-use phase6::LLM;
-use phase6::server::{EngineHandle, ServeOptions, Server};
+use phase6_chunks::cpu_chunk_llm;
+use phase6_server::{EngineHandle, ServeOptions, Server};
 use reqwest::{Client, StatusCode};
 use serde_json::json;
 
@@ -11,7 +11,7 @@ use crate::harness::{config, stream_text};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_streams_in_flight_and_refuses_new_ones() {
     let engine = tokio::task::spawn_blocking(|| {
-        EngineHandle::spawn(|| LLM::new(phase6::default_model_dir(), config()))
+        EngineHandle::spawn(|| cpu_chunk_llm(phase6::default_model_dir(), config()))
     })
     .await
     .unwrap()
