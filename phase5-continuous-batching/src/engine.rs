@@ -93,6 +93,11 @@ impl<R: ModelRunner> Engine<R> {
         &mut self.runner
     }
 
+    /// Ends the engine and hands its runner back (requests still queued are dropped).
+    pub fn into_runner(self) -> R {
+        self.runner
+    }
+
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use phase0::{SamplingParams, TokenId};
 use phase2::{ModelConfig, Weights};
 use phase5::{Batching, Engine, SchedulerConfig};
-use phase6::{CudaOptions, CudaRunner};
+use phase6_cuda::{CudaOptions, CudaRunner};
 
 const MAX_TOKENS_PER_STEP: usize = 16384;
 const MAX_SEQS: usize = 512;

@@ -18,7 +18,7 @@ use kernels::{
 };
 use phase2::ModelConfig;
 
-use super::weights::{DeviceWeights, LayerWeights};
+use crate::weights::{DeviceWeights, LayerWeights};
 
 /// The model's sizes as the kernels take them.
 #[derive(Debug, Clone, Copy, PartialEq)]

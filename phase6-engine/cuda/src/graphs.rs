@@ -16,10 +16,10 @@ use kernels::sampling::SampleParams;
 use kernels::{CudaView, Gpu, Result};
 use phase2::ForwardBatch;
 
-use super::forward::{self, Activations, Dims, KvCache};
-use super::plan::{Limits, StepPlan};
-use super::staging::{self, Region, Staging};
-use super::weights::DeviceWeights;
+use crate::forward::{self, Activations, Dims, KvCache};
+use crate::plan::{Limits, StepPlan};
+use crate::staging::{self, Region, Staging};
+use crate::weights::DeviceWeights;
 
 struct Bucket {
     size: usize,
@@ -104,7 +104,7 @@ impl DecodeGraphs {
         let sizes = bucket_sizes(limits.max_seqs.min(limits.max_tokens));
         let padded = |size: usize| {
             let mut plan =
-                StepPlan::new(&ForwardBatch::default(), limits).expect("an empty batch is valid");
+                StepPlan::new(&ForwardBatch::default(), &[], limits).expect("an empty batch is valid");
             plan.pad_decode(size);
             plan
         };

@@ -10,7 +10,10 @@
 use kernels::sampling::SampleParams;
 use phase0::TokenId;
 use phase1::BlockTable;
-use phase2::{Error, ForwardBatch, PENDING_TOKEN};
+use phase2::{BatchLimits, Error, ForwardBatch, validate_segments};
+use phase6_chunks::SharedSegment;
+
+use crate::overlap::PENDING_TOKEN;
 
 /// What the runner can execute: a batch beyond these is refused, not attempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +25,19 @@ pub(crate) struct Limits {
     pub max_tokens: usize,
     pub max_seqs: usize,
     pub split: CascadeSplit,
+}
+
+impl Limits {
+    fn batch(&self) -> BatchLimits {
+        BatchLimits {
+            page_size: self.page_size,
+            num_pages: self.num_pages,
+            vocab_size: self.vocab_size,
+            max_position: self.max_position,
+            max_seqs: self.max_seqs,
+            max_tokens: self.max_tokens,
+        }
+    }
 }
 
 /// How finely a cascade group's shared segment is cut. The prefill kernel gives each block 64
@@ -180,14 +196,20 @@ pub(crate) struct StepPlan {
 }
 
 impl StepPlan {
-    pub fn new(batch: &ForwardBatch, limits: &Limits) -> Result<Self, Error> {
+    /// The plan of `batch`, whose sequences attend the segments of `shared` as cascade groups
+    /// (a plan made by [`phase6_chunks::plan_cascade`]).
+    pub fn new(
+        batch: &ForwardBatch,
+        shared: &[SharedSegment],
+        limits: &Limits,
+    ) -> Result<Self, Error> {
         validate(batch, limits)?;
         let ps = limits.page_size;
         // The segments each sequence reads through a cascade group rather than on its own.
-        let mut shared: Vec<Vec<usize>> = vec![Vec::new(); batch.seqs.len()];
-        for group in &batch.shared {
+        let mut read_shared: Vec<Vec<usize>> = vec![Vec::new(); batch.seqs.len()];
+        for group in shared {
             for &i in &group.seqs {
-                shared[i].push(group.segment);
+                read_shared[i].push(group.segment);
             }
         }
         let (decode, prefill): (Vec<usize>, Vec<usize>) =
@@ -220,7 +242,7 @@ impl StepPlan {
             let own_segments =
                 s.kv.iter()
                     .enumerate()
-                    .filter(|(k, _)| !shared[i].contains(k))
+                    .filter(|(k, _)| !read_shared[i].contains(k))
                     .map(|(_, t)| t);
             if s.tokens.len() == 1 {
                 plan.decode.push_seq(own_segments, ps);
@@ -233,7 +255,7 @@ impl StepPlan {
         // Cascade groups in levels: each group (or piece of a group's segment) goes to the
         // first level none of whose groups holds one of its sequences.
         let mut level_seqs: Vec<Vec<usize>> = Vec::new();
-        for group in &batch.shared {
+        for group in shared {
             let segment = &batch.seqs[group.seqs[0]].kv[group.segment];
             let queries: usize = group.seqs.iter().map(|&i| batch.seqs[i].tokens.len()).sum();
             let pages = segment.num_tokens().div_ceil(ps);
@@ -318,109 +340,21 @@ impl StepPlan {
 }
 
 /// Checks everything the kernels rely on, so that a bad batch is an error and never an
-/// out-of-bounds access on the device.
+/// out-of-bounds access on the device: chapter 2's checks, with one exception for the inputs
+/// of a decode launched behind the step before it, which that step samples on the device.
 fn validate(batch: &ForwardBatch, limits: &Limits) -> Result<(), Error> {
-    let bad = |s: String| Err(Error::InvalidBatch(s));
-    let ps = limits.page_size;
-    if batch.seqs.len() > limits.max_seqs {
-        return bad(format!(
-            "{} sequences, the runner was sized for {}",
-            batch.seqs.len(),
-            limits.max_seqs
-        ));
-    }
-    if batch.num_tokens() > limits.max_tokens {
-        return bad(format!(
-            "{} tokens, the runner was sized for {} per step",
-            batch.num_tokens(),
-            limits.max_tokens
-        ));
-    }
+    validate_segments(batch, &limits.batch())?;
     for s in &batch.seqs {
-        let id = s.seq_id;
-        let Some(own) = s.kv.last() else {
-            return bad(format!("sequence {id} has no KV segment"));
-        };
-        if s.tokens.is_empty() {
-            return bad(format!("sequence {id} has no tokens to run"));
-        }
-        let kv_len: usize = s.kv.iter().map(BlockTable::num_tokens).sum();
-        if kv_len != s.total_len() || own.num_tokens() < s.tokens.len() {
-            return bad(format!(
-                "sequence {id}: its segments hold {kv_len} tokens, expected {} with the last {} in its own segment",
-                s.total_len(),
-                s.tokens.len()
-            ));
-        }
-        if s.total_len() > limits.max_position {
-            return bad(format!(
-                "sequence {id} reaches position {}, beyond the model's {}",
-                s.total_len(),
-                limits.max_position
-            ));
-        }
-        // A decode launched behind the step before it reads that step's token on the device.
         let pending = |t: TokenId| t == PENDING_TOKEN && s.tokens.len() == 1;
         if let Some(&t) = s
             .tokens
             .iter()
             .find(|&&t| t as usize >= limits.vocab_size && !pending(t))
         {
-            return bad(format!(
-                "sequence {id}: token {t} is outside the vocabulary of {}",
-                limits.vocab_size
-            ));
-        }
-        for segment in &s.kv {
-            if segment.pages().len() * ps < segment.num_tokens() {
-                return bad(format!(
-                    "sequence {id}: a segment of {} tokens has too few pages",
-                    segment.num_tokens()
-                ));
-            }
-            if let Some(&p) = segment
-                .pages()
-                .iter()
-                .find(|&&p| p as usize >= limits.num_pages)
-            {
-                return bad(format!(
-                    "sequence {id}: page {p} is outside the cache of {} pages",
-                    limits.num_pages
-                ));
-            }
-        }
-    }
-    let mut seen: Vec<(usize, usize)> = Vec::new();
-    for group in &batch.shared {
-        let Some(&first) = group.seqs.first() else {
-            return bad("a shared segment with no sequences".into());
-        };
-        for &i in &group.seqs {
-            let Some(s) = batch.seqs.get(i) else {
-                return bad(format!(
-                    "shared segment names sequence index {i} of {}",
-                    batch.seqs.len()
-                ));
-            };
-            if group.segment + 1 >= s.kv.len() {
-                return bad(format!(
-                    "sequence {}: segment {} cannot be shared (it is its own, last segment)",
-                    s.seq_id, group.segment
-                ));
-            }
-            if s.kv[group.segment] != batch.seqs[first].kv[group.segment] {
-                return bad(format!(
-                    "sequence {}: shared segment {} differs",
-                    s.seq_id, group.segment
-                ));
-            }
-            if seen.contains(&(i, group.segment)) {
-                return bad(format!(
-                    "sequence {}: segment {} is shared twice",
-                    s.seq_id, group.segment
-                ));
-            }
-            seen.push((i, group.segment));
+            return Err(Error::InvalidBatch(format!(
+                "sequence {}: token {t} is outside the vocabulary of {}",
+                s.seq_id, limits.vocab_size
+            )));
         }
     }
     Ok(())
@@ -428,9 +362,15 @@ fn validate(batch: &ForwardBatch, limits: &Limits) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use phase2::{ForwardSeq, SampleSpec, SharedSegment};
+    use phase2::{ForwardSeq, SampleSpec};
+    use phase6_chunks::plan_cascade;
 
     use super::*;
+
+    /// The plan of a batch with the cascade groups the chunk runner would find.
+    fn plan_of(batch: &ForwardBatch, limits: &Limits) -> Result<StepPlan, Error> {
+        StepPlan::new(batch, &plan_cascade(batch), limits)
+    }
 
     const LIMITS: Limits = Limits {
         page_size: 16,
@@ -467,7 +407,7 @@ mod tests {
                 seq(2, 2, vec![BlockTable::from_pages(vec![1, 2], 17)], false),
             ],
         };
-        let plan = StepPlan::new(&batch, &LIMITS).unwrap();
+        let plan = plan_of(&batch, &LIMITS).unwrap();
         // Row order: seq 1 (decode), then seq 0 and seq 2.
         assert_eq!(plan.ids, vec![1, 1, 2, 3, 1, 2]);
         assert_eq!(plan.positions, vec![6, 17, 18, 19, 15, 16]);
@@ -509,12 +449,8 @@ mod tests {
                 ),
                 seq(2, 1, vec![BlockTable::from_pages(vec![30], 4)], true),
             ],
-            shared: vec![SharedSegment {
-                seqs: vec![0, 1],
-                segment: 0,
-            }],
         };
-        let plan = StepPlan::new(&batch, &LIMITS).unwrap();
+        let plan = plan_of(&batch, &LIMITS).unwrap();
         // Rows: seq 1 (0), seq 2 (1), seq 0 (2..7).
         assert_eq!(plan.decode.page_ids, vec![21, 30]);
         assert_eq!(plan.prefill.table.page_ids, vec![20]);
@@ -535,10 +471,6 @@ mod tests {
                 seq(0, 1, vec![prefix.clone(), own(5)], true),
                 seq(1, 1, vec![prefix.clone(), own(6)], true),
             ],
-            shared: vec![SharedSegment {
-                seqs: vec![0, 1],
-                segment: 0,
-            }],
         };
         let limits = Limits {
             split: CascadeSplit {
@@ -547,7 +479,7 @@ mod tests {
             },
             ..LIMITS
         };
-        let plan = StepPlan::new(&batch, &limits).unwrap();
+        let plan = plan_of(&batch, &limits).unwrap();
         // 72 tokens / 32 = 2 pieces of 3 and 2 pages; each on its own level, both rows in each.
         assert_eq!(plan.levels.len(), 2);
         let pages: Vec<_> = plan
@@ -565,7 +497,7 @@ mod tests {
         assert!(plan.levels.iter().all(|l| l.rows == vec![0, 1]));
         assert!(plan.levels.iter().all(|l| l.groups.q_indptr == vec![0, 2]));
         // With the default piece length, the same group stays whole.
-        let whole = StepPlan::new(&batch, &LIMITS).unwrap();
+        let whole = plan_of(&batch, &LIMITS).unwrap();
         assert_eq!(whole.levels.len(), 1);
         assert_eq!(
             whole.levels[0].groups.table.page_ids,
@@ -584,18 +516,8 @@ mod tests {
                 seq(1, 1, vec![system.clone(), doc.clone(), own(6)], true),
                 seq(2, 1, vec![system.clone(), own(7)], true),
             ],
-            shared: vec![
-                SharedSegment {
-                    seqs: vec![0, 1, 2],
-                    segment: 0,
-                },
-                SharedSegment {
-                    seqs: vec![0, 1],
-                    segment: 1,
-                },
-            ],
         };
-        let plan = StepPlan::new(&batch, &LIMITS).unwrap();
+        let plan = plan_of(&batch, &LIMITS).unwrap();
         assert_eq!(plan.levels.len(), 2);
         assert_eq!(plan.levels[0].rows, vec![0, 1, 2]);
         assert_eq!(plan.levels[1].rows, vec![0, 1]);
@@ -608,7 +530,7 @@ mod tests {
         let batch = ForwardBatch {
             seqs: vec![seq(0, 1, vec![BlockTable::from_pages(vec![3], 2)], true)],
         };
-        let mut plan = StepPlan::new(&batch, &LIMITS).unwrap();
+        let mut plan = plan_of(&batch, &LIMITS).unwrap();
         assert!(plan.is_flat_decode());
         plan.pad_decode(4);
         assert_eq!(plan.ids.len(), 4);
@@ -625,24 +547,16 @@ mod tests {
         let mut cases = Vec::new();
         let mut s = ok();
         s.tokens[0] = 100;
-        cases.push((vec![s], vec![], "vocabulary"));
+        cases.push((vec![s], "vocabulary"));
         let mut s = ok();
         s.kv = vec![BlockTable::from_pages(vec![64], 2)];
-        cases.push((vec![s], vec![], "outside the cache"));
+        cases.push((vec![s], "outside the cache"));
         let mut s = ok();
         s.start_pos = 1;
-        cases.push((vec![s], vec![], "segments hold"));
-        cases.push((
-            vec![ok()],
-            vec![SharedSegment {
-                seqs: vec![0],
-                segment: 0,
-            }],
-            "own, last segment",
-        ));
-        cases.push((vec![ok(); 9], vec![], "sized for 8"));
-        for (seqs, shared, needle) in cases {
-            let err = StepPlan::new(&ForwardBatch { seqs, shared }, &LIMITS).unwrap_err();
+        cases.push((vec![s], "segments hold"));
+        cases.push((vec![ok(); 9], "sized for 8"));
+        for (seqs, needle) in cases {
+            let err = plan_of(&ForwardBatch { seqs }, &LIMITS).unwrap_err();
             assert!(
                 matches!(&err, Error::InvalidBatch(m) if m.contains(needle)),
                 "{err} (wanted {needle})"

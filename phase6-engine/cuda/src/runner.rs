@@ -7,16 +7,11 @@
 //! planned on the host ([`plan`]), uploaded in one copy ([`staging`]) and queued as one
 //! sequence of launches ([`forward`]) with no host synchronisation until the results are read
 //! back: the logits, or only the token ids when sampling on the device. Decode steps are
-//! replayed from CUDA graphs unless `enforce_eager` is set ([`graphs`]). Steps may also be
-//! launched without waiting (`ModelRunner::launch`): the engine then decides the next step while
+//! replayed from CUDA graphs unless `enforce_eager` is set ([`crate::graphs`]). Steps may also
+//! be launched without waiting ([`QueuedRunner`]): the engine then decides the next step while
 //! this one runs, and a decode's input can be the token the step before samples, which the
-//! runner takes on the device.
-
-mod forward;
-mod graphs;
-mod plan;
-mod staging;
-mod weights;
+//! runner takes on the device ([`crate::overlap`]). Segments several sequences of a step share
+//! are attended as cascade groups ([`phase6_chunks::plan_cascade`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -25,14 +20,15 @@ use kernels::paged::CacheShape;
 use kernels::{CudaEvent, Gpu, PinnedHostSlice, gather, sampling};
 use phase0::{SeqId, TokenId};
 use phase1::{BlockTable, KvDtype, KvLayout};
-use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, PENDING_TOKEN, Weights};
+use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
+use phase6_chunks::{CascadeStats, ChunkRunner, SharedSegment, check_copy_kv, plan_cascade};
 
-use forward::{Activations, Dims, KvCache};
-use graphs::DecodeGraphs;
-pub use graphs::TunedStep;
-use plan::{CascadeSplit, Limits, StepPlan};
-use staging::Staging;
-use weights::DeviceWeights;
+use crate::forward::{self, Activations, Dims, KvCache};
+use crate::graphs::{self, DecodeGraphs, TunedStep};
+use crate::overlap::{PENDING_TOKEN, QueuedRunner};
+use crate::plan::{CascadeSplit, Limits, StepPlan};
+use crate::staging::Staging;
+use crate::weights::DeviceWeights;
 
 /// cuBLAS's fixed scratch memory (what Hopper GEMMs ask for at most).
 const BLAS_WORKSPACE: usize = 32 << 20;
@@ -180,6 +176,7 @@ pub struct CudaRunner {
     graphs: Option<DecodeGraphs>,
     options: CudaOptions,
     memory: MemoryReport,
+    cascade: CascadeStats,
 }
 
 /// A device failure as the runner trait reports it.
@@ -307,6 +304,7 @@ impl CudaRunner {
             graphs,
             options,
             memory,
+            cascade: CascadeStats::default(),
         })
     }
 
@@ -322,7 +320,20 @@ impl CudaRunner {
     /// many rows of logits (and of token ids, when sampled) it produced.
     /// `batch` may hold [`PENDING_TOKEN`] inputs only when it comes from `launch`.
     fn step(&mut self, batch: &ForwardBatch, sample: bool, launched: bool) -> Result<usize, Error> {
-        let mut plan = StepPlan::new(batch, &self.limits)?;
+        let shared = plan_cascade(batch);
+        self.cascade.record(batch, &shared);
+        self.step_planned(batch, &shared, sample, launched)
+    }
+
+    /// [`CudaRunner::step`] with the cascade groups given.
+    fn step_planned(
+        &mut self,
+        batch: &ForwardBatch,
+        shared: &[SharedSegment],
+        sample: bool,
+        launched: bool,
+    ) -> Result<usize, Error> {
+        let mut plan = StepPlan::new(batch, shared, &self.limits)?;
         let n = plan.num_sampled;
         if plan.num_tokens() == 0 {
             return Ok(0);
@@ -495,6 +506,46 @@ impl ModelRunner for CudaRunner {
         self.dims.vocab
     }
 
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
+        let shared = plan_cascade(batch);
+        self.cascade.record(batch, &shared);
+        self.forward_planned(batch, &shared)
+    }
+
+    fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
+        let n = self.step(batch, true, false)?;
+        match n {
+            0 => Ok(Vec::new()),
+            n => self
+                .gpu
+                .download_pinned(&self.act.sampled.slice(..n), &mut self.sampled_host)
+                .map(<[u32]>::to_vec)
+                .map_err(device_error),
+        }
+    }
+}
+
+impl CudaRunner {
+    /// One step with the cascade groups given (an empty plan is flat attention), logits back.
+    pub fn forward_planned(
+        &mut self,
+        batch: &ForwardBatch,
+        shared: &[SharedSegment],
+    ) -> Result<Logits, Error> {
+        let n = self.step_planned(batch, shared, false, false)?;
+        let vocab_size = self.dims.vocab;
+        let data = match n {
+            0 => Vec::new(),
+            n => self
+                .gpu
+                .download(&self.act.logits.slice(..n * vocab_size))
+                .map_err(device_error)?,
+        };
+        Ok(Logits { vocab_size, data })
+    }
+}
+
+impl ChunkRunner for CudaRunner {
     fn copy_kv(
         &mut self,
         src: &BlockTable,
@@ -502,7 +553,7 @@ impl ModelRunner for CudaRunner {
         rope_shift: i64,
     ) -> Result<(), Error> {
         let ps = self.kv.shape.page_size;
-        phase2::check_copy_kv(src, dst, ps, self.kv.shape.num_pages)?;
+        check_copy_kv(src, dst, ps, self.kv.shape.num_pages)?;
         let n = src.num_tokens();
         // Every token is copied at once on the device, so a page both read and written would
         // make the result depend on the order of the blocks.
@@ -533,35 +584,12 @@ impl ModelRunner for CudaRunner {
         gpu.synchronize().map_err(device_error)
     }
 
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
-        let n = self.step(batch, false, false)?;
-        let vocab_size = self.dims.vocab;
-        let data = match n {
-            0 => Vec::new(),
-            n => self
-                .gpu
-                .download(&self.act.logits.slice(..n * vocab_size))
-                .map_err(device_error)?,
-        };
-        Ok(Logits { vocab_size, data })
+    fn cascade_stats(&self) -> CascadeStats {
+        self.cascade
     }
+}
 
-    fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
-        let n = self.step(batch, true, false)?;
-        match n {
-            0 => Ok(Vec::new()),
-            n => self
-                .gpu
-                .download_pinned(&self.act.sampled.slice(..n), &mut self.sampled_host)
-                .map(<[u32]>::to_vec)
-                .map_err(device_error),
-        }
-    }
-
-    fn can_overlap(&self) -> bool {
-        true
-    }
-
+impl QueuedRunner for CudaRunner {
     fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
         let n = self.step(batch, true, true)?;
         let buffer = self.next_buffer;

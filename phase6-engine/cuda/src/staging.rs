@@ -11,8 +11,8 @@
 use kernels::sampling::SampleParams;
 use kernels::{CudaEvent, CudaSlice, CudaView, CudaViewMut, Gpu, PinnedHostSlice};
 
-use super::forward::{DecodePart, LevelPart, PrefillPart, StepInputs, TableViews};
-use super::plan::{Prefill, StepPlan, Table};
+use crate::forward::{DecodePart, LevelPart, PrefillPart, StepInputs, TableViews};
+use crate::plan::{Prefill, StepPlan, Table};
 
 /// Words between two used ranges that are still copied rather than starting a second copy: a
 /// copy call costs the host ~10 us (measured on the H100's host, where every microsecond
@@ -317,7 +317,7 @@ mod tests {
     use phase1::BlockTable;
     use phase2::{ForwardBatch, ForwardSeq, SampleSpec};
 
-    use super::super::plan::{CascadeSplit, Limits};
+    use crate::plan::{CascadeSplit, Limits};
     use super::*;
 
     fn decode_plan(lens: &[usize]) -> StepPlan {
@@ -351,13 +351,7 @@ mod tests {
                 min_tokens: 1024,
             },
         };
-        StepPlan::new(
-            &ForwardBatch {
-                seqs,
-            },
-            &limits,
-        )
-        .unwrap()
+        StepPlan::new(&ForwardBatch { seqs }, &[], &limits).unwrap()
     }
 
     #[test]

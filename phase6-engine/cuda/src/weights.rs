@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use kernels::{CudaSlice, Gpu};
 use phase2::{Dtype, Error, ModelConfig, TensorView, Weights};
 
-use super::device_error;
+use crate::runner::device_error;
 
 pub(crate) struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,

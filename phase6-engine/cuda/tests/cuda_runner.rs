@@ -11,18 +11,17 @@
 //! factor 2 covers the decode steps, whose error was not measured). Without a GPU every test
 //! prints why it is skipped.
 
-#![cfg(feature = "cuda")]
-
 use std::path::{Path, PathBuf};
 
 use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
 use phase2::{
     CpuRunner, Error, ForwardBatch, ForwardSeq, Logits, Model, ModelConfig, ModelRunner,
-    SampleSpec, SharedSegment, Weights, sampler,
+    SampleSpec, Weights, sampler,
 };
+use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment, plan_cascade};
 use phase5::{Batching, Engine, SchedulerConfig};
-use phase6::{CudaOptions, CudaRunner};
+use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
 use serde_json::Value;
 
 /// The `models/` folder: `NANO_SERVING_MODELS` if set, else the repository's.
@@ -320,7 +319,7 @@ fn cascade_equals_flat_attention_on_the_device() {
     let (config, weights, model) = tiny_shakespeare();
     for eager in [false, true] {
         let mut gpu = CudaRunner::new(&config, &weights, options(64, 8, eager)).unwrap();
-        let mut cpu = CpuRunner::new(model.clone(), 64, 16);
+        let mut cpu = CascadeCpuRunner::new(CpuRunner::new(model.clone(), 64, 16));
         let mut pool = KvPool::new(64, 16).unwrap();
         let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 37);
         // A system prompt of 40 tokens and a document of 50, both ending in partial pages and
@@ -355,25 +354,22 @@ fn cascade_equals_flat_attention_on_the_device() {
             seq(3, &[], 6, &mut pool),
             seq(4, &[&system], 1, &mut pool),
         ];
-        let flat = ForwardBatch {
-            seqs: seqs.clone(),
-        };
-        let cascade = ForwardBatch {
-            seqs,
-            shared: vec![
-                SharedSegment {
-                    seqs: vec![0, 1, 2, 4],
-                    segment: 0,
-                },
-                SharedSegment {
-                    seqs: vec![0, 1],
-                    segment: 1,
-                },
-            ],
-        };
-        let reference = cpu.forward(&cascade).unwrap();
-        let on_flat = gpu.forward(&flat).unwrap();
-        let on_cascade = gpu.forward(&cascade).unwrap();
+        let batch = ForwardBatch { seqs };
+        let groups = [
+            SharedSegment {
+                seqs: vec![0, 1, 2, 4],
+                segment: 0,
+            },
+            SharedSegment {
+                seqs: vec![0, 1],
+                segment: 1,
+            },
+        ];
+        assert_eq!(plan_cascade(&batch), groups, "the plan the runners make themselves");
+        let reference = cpu.forward_planned(&batch, &groups).unwrap();
+        let on_flat = gpu.forward_planned(&batch, &[]).unwrap();
+        let on_cascade = gpu.forward(&batch).unwrap();
+        assert_eq!(gpu.cascade_stats().steps, 1);
         let (rel, _) = errors(&on_cascade.data, &on_flat.data);
         let (rel_cpu, abs_cpu) = errors(&on_cascade.data, &reference.data);
         eprintln!(
@@ -400,7 +396,7 @@ fn copy_kv_with_a_rope_shift_follows_the_cpu_runner() {
     }
     let (config, weights, model) = tiny_shakespeare();
     let mut gpu = CudaRunner::new(&config, &weights, options(64, 8, true)).unwrap();
-    let mut cpu = CpuRunner::new(model, 64, 16);
+    let mut cpu = CascadeCpuRunner::new(CpuRunner::new(model, 64, 16));
     let mut pool = KvPool::new(64, 16).unwrap();
     let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 41);
     // A 30-token prefix, and a 40-token context prefilled on its own at position 0, then moved
@@ -533,43 +529,9 @@ fn bad_batches_are_errors_on_the_device() {
     assert_eq!(gpu.forward_sample(&one(&seq(5, 0))).unwrap().len(), 1);
 }
 
-/// Lends a runner to an engine without giving it away; with `.1`, the engine may launch steps
-/// ahead (overlap scheduling).
-struct Lent<'a>(&'a mut CudaRunner, bool);
-
-impl ModelRunner for Lent<'_> {
-    fn kv_layout(&self) -> phase1::KvLayout {
-        self.0.kv_layout()
-    }
-    fn num_pages(&self) -> usize {
-        self.0.num_pages()
-    }
-    fn page_size(&self) -> usize {
-        self.0.page_size()
-    }
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits, Error> {
-        self.0.forward(batch)
-    }
-    fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
-        self.0.forward_sample(batch)
-    }
-    fn can_overlap(&self) -> bool {
-        self.1 && self.0.can_overlap()
-    }
-    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
-        self.0.launch(batch)
-    }
-    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
-        self.0.collect()
-    }
-}
-
 /// Runs every prompt to completion together, greedy, `max_tokens` each (see [`run_requests`]).
 fn run_engine(
-    runner: &mut CudaRunner,
+    runner: &mut Option<CudaRunner>,
     prompts: &[Vec<TokenId>],
     max_tokens: usize,
     config: SchedulerConfig,
@@ -586,20 +548,30 @@ fn run_engine(
 
 /// Runs `requests` (each with its own sampling) to completion together, overlapped or not;
 /// outputs in request order, after checking that each finished once and every page came back.
+/// The engine borrows the runner from `slot` and puts it back.
 fn run_requests(
-    runner: &mut CudaRunner,
+    slot: &mut Option<CudaRunner>,
     requests: &[(Vec<TokenId>, SamplingParams)],
     eos: Vec<TokenId>,
     config: SchedulerConfig,
     overlap: bool,
 ) -> Vec<Vec<TokenId>> {
+    let runner = slot.take().expect("a runner to lend");
     let pages = runner.num_pages();
-    let mut engine = Engine::new(Lent(runner, overlap), config, eos, 7).unwrap();
+    let mut engine = Engine::new(runner, config, eos, 7).unwrap();
     let ids: Vec<SeqId> = requests
         .iter()
         .map(|(p, params)| engine.add_request(p.clone(), params.clone()).unwrap())
         .collect();
-    let mut done = engine.run_to_completion().unwrap();
+    let mut done = Vec::new();
+    if overlap {
+        let mut driver = Overlap::new(true);
+        while !engine.is_finished() || driver.in_flight() {
+            done.extend(driver.step(&mut engine, |r| r).unwrap().finished);
+        }
+    } else {
+        done = engine.run_to_completion().unwrap();
+    }
     assert_eq!(done.len(), requests.len(), "every request finished once");
     done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
     engine.scheduler_mut().clear_cache();
@@ -608,6 +580,7 @@ fn run_requests(
         pages,
         "every page back"
     );
+    *slot = Some(engine.into_runner());
     done.into_iter().map(|f| f.output).collect()
 }
 
@@ -643,12 +616,12 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
         }
     };
 
-    let mut gpu = CudaRunner::new(&config, &weights, options(128, 6, false)).unwrap();
+    let mut gpu = Some(CudaRunner::new(&config, &weights, options(128, 6, false)).unwrap());
     let mut cpu = CpuRunner::new(model, 128, 16);
     let mut alone = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let reference = greedy(&mut cpu, p, max_tokens, false);
-        let prefill = greedy(&mut gpu, p, 1, false);
+        let prefill = greedy(gpu.as_mut().unwrap(), p, 1, false);
         let (_, abs) = errors(&prefill.first_logits, &reference.first_logits);
         let tol = 4.0 * abs;
         let out = run_engine(
@@ -675,12 +648,12 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
     let batched = run_engine(&mut gpu, &prompts, max_tokens, sched(64, 6, Some(16)));
     // Pages for the longest request alone and a little more: decodes run out and preempt.
     let longest = prompts.iter().map(Vec::len).max().unwrap() + max_tokens;
-    let mut tiny = CudaRunner::new(
+    let mut tiny = Some(CudaRunner::new(
         &config,
         &weights,
         options(longest.div_ceil(16) + 2, 6, false),
     )
-    .unwrap();
+    .unwrap());
     let squeezed = run_engine(&mut tiny, &prompts, max_tokens, sched(64, 6, Some(16)));
     for (i, (out, reference, tol)) in alone.iter().enumerate() {
         let same = batched[i]
@@ -716,7 +689,7 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
 
 /// [`run_requests`] with the scheduler of the overlap test: 8 seats, 64-token chunks.
 fn run_mixed(
-    runner: &mut CudaRunner,
+    runner: &mut Option<CudaRunner>,
     prompts: &[(Vec<TokenId>, SamplingParams)],
     eos: Vec<TokenId>,
     overlap: bool,
@@ -757,7 +730,7 @@ fn overlap_scheduling_gives_the_same_tokens_on_the_device() {
         })
         .collect();
     for eager in [false, true] {
-        let mut gpu = CudaRunner::new(&config, &weights, options(256, 8, eager)).unwrap();
+        let mut gpu = Some(CudaRunner::new(&config, &weights, options(256, 8, eager)).unwrap());
         let sync = run_mixed(&mut gpu, &prompts, vec![], false);
         let overlapped = run_mixed(&mut gpu, &prompts, vec![], true);
         // Lengths are known ahead, so both runs compute the same batches: the same kernels on
