@@ -42,9 +42,7 @@ fn prefill_batch(pool: &mut KvPool, batch: usize) -> ForwardBatch {
             }
         })
         .collect();
-    ForwardBatch {
-        seqs,
-    }
+    ForwardBatch { seqs }
 }
 
 fn forward(c: &mut Criterion) {

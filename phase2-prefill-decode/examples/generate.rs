@@ -63,12 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 return Err("out of KV pages (chapter 5 preempts instead)".into());
             }
             let seqs = decode.running().iter().map(|s| s.forward_seq(1)).collect();
-            (
-                "decode",
-                ForwardBatch {
-                    seqs,
-                },
-            )
+            ("decode", ForwardBatch { seqs })
         };
         let start = Instant::now();
         let tokens = runner.forward_sample(&batch)?;

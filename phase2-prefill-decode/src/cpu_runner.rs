@@ -59,7 +59,9 @@ impl LayerAttention<'_> {
         for (k, seg) in s.kv.iter().enumerate() {
             if read(k) {
                 let scale = self.scale();
-                attend_segment(self.store, self.layer, seg, start, &queries, scale, &mut state);
+                attend_segment(
+                    self.store, self.layer, seg, start, &queries, scale, &mut state,
+                );
             }
             start += seg.num_tokens();
         }

@@ -155,9 +155,7 @@ mod tests {
             sample: Some(SampleSpec::greedy()),
         };
         let second = runner
-            .forward_sample(&ForwardBatch {
-                seqs: vec![decode],
-            })
+            .forward_sample(&ForwardBatch { seqs: vec![decode] })
             .unwrap()[0];
         assert_eq!(second, HashRunner::next_token(&[7, 8, 9, first], 50));
     }
@@ -173,9 +171,7 @@ mod tests {
             sample: None,
         };
         let err = runner
-            .forward(&ForwardBatch {
-                seqs: vec![seq],
-            })
+            .forward(&ForwardBatch { seqs: vec![seq] })
             .unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -187,7 +187,11 @@ pub fn validate_segments(batch: &ForwardBatch, limits: &BatchLimits) -> Result<(
                     segment.num_tokens()
                 ));
             }
-            if let Some(&p) = segment.pages().iter().find(|&&p| p as usize >= limits.num_pages) {
+            if let Some(&p) = segment
+                .pages()
+                .iter()
+                .find(|&&p| p as usize >= limits.num_pages)
+            {
                 return bad(format!(
                     "sequence {id}: page {p} is outside the store of {} pages",
                     limits.num_pages
@@ -225,7 +229,6 @@ pub trait ModelRunner: Any {
             .map(|(i, spec)| crate::sampler::sample(logits.row(i), &spec))
             .collect())
     }
-
 }
 
 /// A boxed runner is a runner, so an engine can hold "the CPU or the CUDA runner".

@@ -10,10 +10,10 @@
 //! `cargo run --release -p phase6-chunks --example independent_drift`
 
 use phase1::{BlockTable, KvPool};
-use phase6_chunks::{CascadeCpuRunner, ChunkRunner};
 use phase2::{
     CpuRunner, ForwardBatch, ForwardSeq, Model, ModelRunner, SampleSpec, Tokenizer, sampler::argmax,
 };
+use phase6_chunks::{CascadeCpuRunner, ChunkRunner};
 
 const STEPS: usize = 24;
 const PAGES: usize = 512;
@@ -45,11 +45,7 @@ fn run(
         kv,
         sample: sample.then(SampleSpec::greedy),
     };
-    let logits = runner
-        .forward(&ForwardBatch {
-            seqs: vec![seq],
-        })
-        .unwrap();
+    let logits = runner.forward(&ForwardBatch { seqs: vec![seq] }).unwrap();
     (logits.data, own)
 }
 

@@ -76,7 +76,10 @@ pub struct ChunkedLLM {
 }
 
 /// Loads a model folder and starts the engine on the CPU chunk runner ([`crate::CascadeCpuRunner`]).
-pub fn cpu_chunk_llm(model_dir: impl AsRef<Path>, config: phase6::Config) -> Result<ChunkLLM, Error> {
+pub fn cpu_chunk_llm(
+    model_dir: impl AsRef<Path>,
+    config: phase6::Config,
+) -> Result<ChunkLLM, Error> {
     let dir = model_dir.as_ref();
     let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
     let weights = Weights::open(dir)?;

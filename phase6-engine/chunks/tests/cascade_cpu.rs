@@ -2,7 +2,9 @@
 //! K/V copy with a RoPE shift and back restores what the next token sees.
 
 use phase1::{BlockTable, KvPool};
-use phase2::{CpuRunner, ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights};
+use phase2::{
+    CpuRunner, ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights,
+};
 use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment};
 use proptest::prelude::*;
 
@@ -113,8 +115,12 @@ proptest! {
 fn a_copy_that_does_not_fit_is_an_error() {
     let mut runner = runner(1, 8, 4);
     let src = BlockTable::from_pages(vec![0], 3);
-    let err = runner.copy_kv(&src, &BlockTable::from_pages(vec![1], 2), 0).unwrap_err();
+    let err = runner
+        .copy_kv(&src, &BlockTable::from_pages(vec![1], 2), 0)
+        .unwrap_err();
     assert!(err.to_string().contains("copy of 3 tokens"), "{err}");
-    let err = runner.copy_kv(&src, &BlockTable::from_pages(vec![9], 3), 0).unwrap_err();
+    let err = runner
+        .copy_kv(&src, &BlockTable::from_pages(vec![9], 3), 0)
+        .unwrap_err();
     assert!(err.to_string().contains("outside the store"), "{err}");
 }

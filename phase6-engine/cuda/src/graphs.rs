@@ -103,8 +103,8 @@ impl DecodeGraphs {
         } = model;
         let sizes = bucket_sizes(limits.max_seqs.min(limits.max_tokens));
         let padded = |size: usize| {
-            let mut plan =
-                StepPlan::new(&ForwardBatch::default(), &[], limits).expect("an empty batch is valid");
+            let mut plan = StepPlan::new(&ForwardBatch::default(), &[], limits)
+                .expect("an empty batch is valid");
             plan.pad_decode(size);
             plan
         };

@@ -215,10 +215,7 @@ impl<Q: QueuedRunner> OverlapDriver<Q> {
 }
 
 impl<Q: QueuedRunner> StepDriver<dyn ModelRunner> for OverlapDriver<Q> {
-    fn step(
-        &mut self,
-        engine: &mut Engine<Box<dyn ModelRunner>>,
-    ) -> Result<StepOutput, Error> {
+    fn step(&mut self, engine: &mut Engine<Box<dyn ModelRunner>>) -> Result<StepOutput, Error> {
         self.overlap.step(engine, |r| Self::queue(&mut **r))
     }
 
@@ -228,10 +225,7 @@ impl<Q: QueuedRunner> StepDriver<dyn ModelRunner> for OverlapDriver<Q> {
 }
 
 impl<Q: QueuedRunner> StepDriver<dyn ChunkRunner> for OverlapDriver<Q> {
-    fn step(
-        &mut self,
-        engine: &mut Engine<Box<dyn ChunkRunner>>,
-    ) -> Result<StepOutput, Error> {
+    fn step(&mut self, engine: &mut Engine<Box<dyn ChunkRunner>>) -> Result<StepOutput, Error> {
         self.overlap.step(engine, |r| Self::queue(&mut **r))
     }
 

@@ -317,8 +317,8 @@ mod tests {
     use phase1::BlockTable;
     use phase2::{ForwardBatch, ForwardSeq, SampleSpec};
 
-    use crate::plan::{CascadeSplit, Limits};
     use super::*;
+    use crate::plan::{CascadeSplit, Limits};
 
     fn decode_plan(lens: &[usize]) -> StepPlan {
         let seqs = lens

@@ -19,8 +19,8 @@ use phase2::{
     CpuRunner, Error, ForwardBatch, ForwardSeq, Logits, Model, ModelConfig, ModelRunner,
     SampleSpec, Weights, sampler,
 };
-use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment, plan_cascade};
 use phase5::{Batching, Engine, SchedulerConfig};
+use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment, plan_cascade};
 use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
 use serde_json::Value;
 
@@ -365,7 +365,11 @@ fn cascade_equals_flat_attention_on_the_device() {
                 segment: 1,
             },
         ];
-        assert_eq!(plan_cascade(&batch), groups, "the plan the runners make themselves");
+        assert_eq!(
+            plan_cascade(&batch),
+            groups,
+            "the plan the runners make themselves"
+        );
         let reference = cpu.forward_planned(&batch, &groups).unwrap();
         let on_flat = gpu.forward_planned(&batch, &[]).unwrap();
         let on_cascade = gpu.forward(&batch).unwrap();
@@ -480,9 +484,7 @@ fn device_sampling_follows_the_host_sampler_on_the_same_logits() {
                 }
             })
             .collect();
-        let batch = ForwardBatch {
-            seqs,
-        };
+        let batch = ForwardBatch { seqs };
         let logits: Logits = gpu.forward(&batch).unwrap();
         let want: Vec<TokenId> = batch
             .seqs
@@ -648,12 +650,14 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
     let batched = run_engine(&mut gpu, &prompts, max_tokens, sched(64, 6, Some(16)));
     // Pages for the longest request alone and a little more: decodes run out and preempt.
     let longest = prompts.iter().map(Vec::len).max().unwrap() + max_tokens;
-    let mut tiny = Some(CudaRunner::new(
-        &config,
-        &weights,
-        options(longest.div_ceil(16) + 2, 6, false),
-    )
-    .unwrap());
+    let mut tiny = Some(
+        CudaRunner::new(
+            &config,
+            &weights,
+            options(longest.div_ceil(16) + 2, 6, false),
+        )
+        .unwrap(),
+    );
     let squeezed = run_engine(&mut tiny, &prompts, max_tokens, sched(64, 6, Some(16)));
     for (i, (out, reference, tol)) in alone.iter().enumerate() {
         let same = batched[i]

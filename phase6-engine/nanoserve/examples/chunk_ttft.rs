@@ -1,7 +1,7 @@
 //! Time to first token with a registered context against recomputing it. The reference
 //! target for the chunk API is more than 10x.
 //!
-//! `cargo run --release -p phase6 --example chunk_ttft` (embedded model, CPU, 1,000 tokens);
+//! `cargo run --release -p nanoserve --example chunk_ttft` (embedded model, CPU, 1,000 tokens);
 //! on a GPU: `... --features cuda --example chunk_ttft -- --device cuda
 //! --config configs/qwen3-0.6b.json --contexts 1000,4000,16000` (random weights).
 //! `--mode independent` composes in independent mode (each context prefilled once at position 0,
@@ -10,10 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use phase6::{
-    ChunkConfig, ChunkType, ChunkedLLM, CompositionMode, Config, Device, LLM, Prompt,
-    SamplingParams,
-};
+use nanoserve::runners::start_llm;
+use phase6::{Config, Device, Prompt, SamplingParams};
+use phase6_chunks::{ChunkConfig, ChunkType, ChunkedLLM, CompositionMode};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -81,7 +80,7 @@ fn main() -> Result<(), phase6::Error> {
         gpu_memory_utilization: 0.45,
         ..config.clone()
     };
-    let llm = LLM::with_weights(model_config.clone(), &weights, tokenizer()?, chunk_config)?;
+    let llm = start_llm(model_config.clone(), &weights, tokenizer()?, chunk_config)?;
     eprintln!("{}", llm.startup_report());
     let mut chunks = ChunkedLLM::from_llm(
         llm,
@@ -91,7 +90,7 @@ fn main() -> Result<(), phase6::Error> {
             ..ChunkConfig::default()
         },
     )?;
-    let mut plain = LLM::with_weights(model_config, &weights, tokenizer()?, config)?;
+    let mut plain = start_llm(model_config, &weights, tokenizer()?, config)?;
     drop(weights);
     let first_token = SamplingParams::greedy().with_max_tokens(1);
 

@@ -4,15 +4,15 @@
 //! pool, the radix cache and the bookkeeping of every step: the part of a GPU step's gap that
 //! is not the runner's.
 //!
-//!     cargo run --release -p phase6 --example host_only
+//!     cargo run --release -p nanoserve --example host_only
 
 use std::time::{Duration, Instant};
 
+use nanoserve::workload::WorkloadSpec;
 use phase0::TokenId;
 use phase1::{KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelRunner};
 use phase5::{Batching, Engine, SchedulerConfig};
-use phase6::workload::WorkloadSpec;
 
 /// The allocator `nanoserve` uses, so that this measures the same host time.
 #[global_allocator]

@@ -1,4 +1,4 @@
-//! The `nanoserve` command line (see `phase6::cli`).
+//! The `nanoserve` command line (see `nanoserve::cli`).
 
 use clap::Parser;
 
@@ -10,7 +10,7 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    match phase6::cli::run(phase6::cli::Cli::parse()) {
+    match nanoserve::cli::run(nanoserve::cli::Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nanoserve: {e}");

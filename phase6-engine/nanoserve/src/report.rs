@@ -18,10 +18,10 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::error::Error;
-use crate::runner_select::build_runner;
+use crate::runners::build_runner;
 use crate::workload::Percentiles;
+use phase6::Config;
+use phase6::Error;
 
 /// The report's workload: requests sharing a few system prompts, mixed output lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -193,7 +193,7 @@ pub fn run_report(
         let runner = build_runner(model_config.clone(), weights, config)?;
         results.push(run_mode(
             name,
-            runner.runner,
+            runner.runner as Box<dyn ModelRunner>,
             scheduler,
             eos.clone(),
             &work,

@@ -2,9 +2,9 @@
 //! (timings masked), and the CLI's errors.
 
 use clap::CommandFactory;
+use nanoserve::cli::Cli;
+use nanoserve::report::{ReportSpec, markdown, run_report, write_plots};
 use phase6::Config;
-use phase6::cli::Cli;
-use phase6::report::{ReportSpec, markdown, run_report, write_plots};
 
 fn help(path: &[&str]) -> String {
     let mut cmd = Cli::command();
@@ -77,6 +77,6 @@ fn bad_command_lines_are_refused_with_a_reason() {
     assert!(err.contains("--config"), "{err}");
     use clap::Parser;
     let cli = Cli::try_parse_from(["nanoserve", "generate", "x", "--device", "tpu"]).unwrap();
-    let err = phase6::cli::run(cli).unwrap_err().to_string();
+    let err = nanoserve::cli::run(cli).unwrap_err().to_string();
     assert!(err.contains("device \"tpu\""), "{err}");
 }

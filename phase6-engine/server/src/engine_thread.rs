@@ -30,9 +30,9 @@ use crate::api_types::PromptInput;
 use crate::errors::ApiError;
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
-use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
 use phase6::Error;
 use phase6::Prompt;
+use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
 /// the channel to send it on.

@@ -7,8 +7,8 @@ use clap::Args;
 use serde::Serialize;
 
 use super::ModelArgs;
-use crate::error::Error;
 use crate::workload::{Percentiles, WorkloadSpec};
+use phase6::Error;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -61,7 +61,7 @@ struct BenchResult {
 pub fn run(args: BenchArgs) -> Result<(), Error> {
     let (config, weights, tokenizer, name) = args.model.load_parts()?;
     let mut llm =
-        crate::LLM::with_weights(config, &weights, tokenizer, args.model.engine_config()?)?;
+        crate::runners::start_llm(config, &weights, tokenizer, args.model.engine_config()?)?;
     drop(weights);
     eprintln!("model {name}\n{}", llm.startup_report());
     let spec = WorkloadSpec {
@@ -86,7 +86,7 @@ pub fn run(args: BenchArgs) -> Result<(), Error> {
 
     // Warm up (kernel compilation, graph capture, caches) outside the timed run.
     llm.generate(
-        &[crate::Prompt::Tokens(vec![1; 16])],
+        &[phase6::Prompt::Tokens(vec![1; 16])],
         phase0::SamplingParams::greedy().with_max_tokens(4),
         false,
     )?;

@@ -11,9 +11,9 @@ use clap::Args;
 use phase2::ChatMessage;
 
 use super::{ModelArgs, SamplingArgs};
-use crate::chunks::{ChunkConfig, ChunkFilter, ChunkType, ChunkedLLM, metadata_map};
-use crate::error::Error;
-use crate::prompt::Prompt;
+use phase6::Error;
+use phase6::Prompt;
+use phase6_chunks::{ChunkConfig, ChunkFilter, ChunkType, ChunkedLLM, metadata_map};
 
 #[derive(Debug, Args)]
 pub struct ChatArgs {
@@ -163,7 +163,7 @@ impl Session {
             }
             "/stats" => {
                 let s = self.chunks.get_chunk_stats();
-                let c = self.chunks.llm().cascade_stats();
+                let c = self.chunks.cascade_stats();
                 let pool = self.chunks.llm().engine().scheduler().pool();
                 writeln!(
                     out,

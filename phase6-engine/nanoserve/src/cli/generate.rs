@@ -6,8 +6,8 @@ use std::io::Write;
 use clap::Args;
 
 use super::{ModelArgs, SamplingArgs};
-use crate::error::Error;
-use crate::prompt::Prompt;
+use phase6::Error;
+use phase6::Prompt;
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -29,7 +29,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Error> {
     let prompts: Vec<String> = if args.chat {
         args.prompts
             .iter()
-            .map(|p| llm.apply_chat_template(&[crate::ChatMessage::new("user", p.as_str())]))
+            .map(|p| llm.apply_chat_template(&[phase2::ChatMessage::new("user", p.as_str())]))
             .collect::<Result<_, _>>()?
     } else {
         args.prompts.clone()

@@ -17,9 +17,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use phase2::{ModelConfig, Tokenizer, Weights};
 
-use crate::config::{Config, Device};
-use crate::error::Error;
-use crate::llm::LLM;
+use phase6::Error;
+use phase6::{Config, Device};
+use phase6_chunks::ChunkLLM;
+
+use crate::runners::start_llm;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -142,9 +144,9 @@ impl ModelArgs {
     }
 
     /// Starts the engine and prints what it took.
-    pub fn load(&self) -> Result<LLM, Error> {
+    pub fn load(&self) -> Result<ChunkLLM, Error> {
         let (config, weights, tokenizer, name) = self.load_parts()?;
-        let llm = LLM::with_weights(config, &weights, tokenizer, self.engine_config()?)?;
+        let llm = start_llm(config, &weights, tokenizer, self.engine_config()?)?;
         eprintln!("model {name}\n{}", llm.startup_report());
         Ok(llm)
     }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::ModelArgs;
-use crate::error::Error;
 use crate::report::{ReportSpec, markdown, run_report, write_plots};
+use phase6::Error;
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -55,7 +55,7 @@ pub fn run(args: ReportArgs) -> Result<(), Error> {
         ..ReportSpec::default()
     };
     let results = run_report(&model_config, &weights, eos, &config, &spec)?;
-    let device = crate::build_runner(model_config.clone(), &weights, &config)?;
+    let device = crate::runners::build_runner(model_config.clone(), &weights, &config)?;
     let setup = format!(
         "Model: {name}. Runner: {}. Machine: {}.",
         device.report,

@@ -4,8 +4,8 @@
 use clap::Args;
 
 use super::ModelArgs;
-use crate::error::Error;
-use crate::server::{EngineHandle, ServeOptions, Server};
+use phase6::Error;
+use phase6_server::{EngineHandle, ServeOptions, Server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use phase6_server::{EngineHandle, ServeOptions, Server};
 use phase6::{Config, Device};
 use phase6_chunks::cpu_chunk_llm;
+use phase6_server::{EngineHandle, ServeOptions, Server};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::Value;
 

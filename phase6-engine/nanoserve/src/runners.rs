@@ -1,0 +1,91 @@
+//! Picking the runner: the CPU chunk runner, or the CUDA runner when this build has the `cuda`
+//! feature and the config asks for a GPU (or `auto` finds one), with overlap scheduling.
+
+use phase2::{ModelConfig, Tokenizer, Weights};
+use phase6::{Config, Device, Error, LLM, Runner};
+use phase6_chunks::{ChunkLLM, ChunkRunner, chunk_cpu_runner};
+
+/// The runner the config asks for.
+pub fn build_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+) -> Result<Runner<dyn ChunkRunner>, Error> {
+    match config.device {
+        Device::Cpu => chunk_cpu_runner(model_config, weights, config),
+        Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
+            Ok(runner) => Ok(runner),
+            Err(Error::Cuda(_)) => chunk_cpu_runner(model_config, weights, config),
+            Err(e) => Err(e),
+        },
+        Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
+    }
+}
+
+/// The engine on the runner the config asks for; on a GPU, steps are decided ahead while the
+/// device runs the one before (`overlap_scheduling`).
+pub fn start_llm(
+    model_config: ModelConfig,
+    weights: &Weights,
+    tokenizer: Option<Tokenizer>,
+    config: Config,
+) -> Result<ChunkLLM, Error> {
+    let runner = build_runner(model_config.clone(), weights, &config)?;
+    let overlap = config.overlap_scheduling && matches!(runner.device, Device::Cuda(_));
+    let mut llm = LLM::from_runner(runner, model_config, tokenizer, config)?;
+    if overlap {
+        install_overlap(&mut llm);
+    }
+    Ok(llm)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn install_overlap(_: &mut ChunkLLM) {}
+
+#[cfg(feature = "cuda")]
+fn install_overlap(llm: &mut ChunkLLM) {
+    use phase6_cuda::{CudaRunner, OverlapDriver};
+    llm.set_driver(Box::new(OverlapDriver::<CudaRunner>::new(true)));
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_runner(
+    _: ModelConfig,
+    _: &Weights,
+    _: &Config,
+    n: usize,
+) -> Result<Runner<dyn ChunkRunner>, Error> {
+    Err(Error::Cuda(format!(
+        "cuda:{n} asked for, but this build has no CUDA support (build with `--features cuda`)"
+    )))
+}
+
+/// The CUDA runner on device `n`, its KV cache sized by `gpu_memory_utilization` unless the
+/// config fixes the page count.
+#[cfg(feature = "cuda")]
+fn gpu_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+    n: usize,
+) -> Result<Runner<dyn ChunkRunner>, Error> {
+    use phase6_cuda::{CudaOptions, CudaRunner};
+    let options = CudaOptions {
+        device: n,
+        page_size: config.kvcache_block_size,
+        gpu_memory_utilization: config.gpu_memory_utilization,
+        num_pages: (config.num_kvcache_blocks > 0).then_some(config.num_kvcache_blocks as usize),
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        max_num_seqs: config.max_num_seqs,
+        enforce_eager: config.enforce_eager,
+        tune_gemms: config.tune_gemms,
+        ..CudaOptions::default()
+    };
+    let runner = CudaRunner::new(&model_config, weights, options)?;
+    let report = format!("device cuda:{n}: {}", runner.memory_report());
+    Ok(Runner {
+        runner: Box::new(runner),
+        device: Device::Cuda(n),
+        report,
+    })
+}
