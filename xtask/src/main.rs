@@ -1,11 +1,12 @@
 //! `cargo xtask`: project tasks that are not part of the engine.
 //!
-//! `cargo xtask starter --phase N --out DIR` writes the student workspace for chapter N: a
-//! copy of this repository in which every chapter from N on has its solution regions replaced
-//! by `todo!("chapter N.k: ...")`, keeping every signature and every test, so the reference
-//! tests become the student's harness. `--check` proves, in a temporary directory, that the
+//! `cargo xtask starter --phase N --out DIR` writes the student workspace for chapter N (`3`,
+//! or `6.2` for a chapter of part 6): a copy of this repository in which every chapter from N
+//! on has its solution regions replaced by `todo!("chapter N.k: ...")`, keeping every
+//! signature and every test, so the reference tests become the student's harness. A chapter is
+//! a crate whose Cargo.toml says `[package.metadata.course] chapter = "N"`. `--check` proves, in a temporary directory, that the
 //! starter builds and that its chapter tests fail only with those todo messages.
-//! Exercise files (`phaseN/src/exercises/`) lose their reference answers in every starter,
+//! Exercise files (`src/exercises/` of a chapter crate) lose their reference answers in every starter,
 //! whatever the chapter: only their `todo!("exercise N.k: ...")` stubs are handed out.
 //! `cargo xtask regions` lists every solution region and exercise (the teacher's map of the
 //! course).
@@ -22,7 +23,7 @@ use exercise_stubs::strip_solutions;
 use solution_regions::{Region, replace_regions};
 
 const USAGE: &str = "usage:
-  cargo xtask starter --phase N --out DIR    write the starter workspace for chapter N
+  cargo xtask starter --phase N --out DIR    write the starter workspace for chapter N (3, 6.2, ...)
   cargo xtask starter --check [--phase N]    check the starter of chapter N (default: every chapter)
   cargo xtask regions                        list every solution region and exercise";
 
@@ -48,8 +49,8 @@ fn run(args: &[String]) -> Result<(), String> {
             while let Some(a) = it.next() {
                 match a.as_str() {
                     "--phase" => {
-                        let v = it.next().ok_or("--phase needs a number")?;
-                        phase = Some(v.parse::<usize>().map_err(|_| format!("bad phase {v:?}"))?);
+                        let v = it.next().ok_or("--phase needs a chapter number")?;
+                        phase = Some(chapter_key(v).ok_or(format!("bad chapter {v:?}"))?);
                     }
                     "--out" => {
                         out = Some(PathBuf::from(it.next().ok_or("--out needs a directory")?))
@@ -62,13 +63,11 @@ fn run(args: &[String]) -> Result<(), String> {
             if let Some(p) = phase
                 && !phases.contains_key(&p)
             {
-                return Err(format!(
-                    "no chapter {p}: phases are {:?}",
-                    phases.keys().collect::<Vec<_>>()
-                ));
+                let all: Vec<&str> = phases.values().map(|c| c.id.as_str()).collect();
+                return Err(format!("no chapter {}: chapters are {all:?}", label(p)));
             }
             if check {
-                let chapters: Vec<usize> = match phase {
+                let chapters: Vec<Key> = match phase {
                     Some(p) => vec![p],
                     None => phases.keys().copied().collect(),
                 };
@@ -87,26 +86,33 @@ fn run(args: &[String]) -> Result<(), String> {
                     ));
                 }
                 let regions = write_starter(&root, phase, &out)?;
-                let exercises = exercises_of(&root, &phases[&phase])?;
+                let chapter = &phases[&phase];
+                let exercises = exercises_of(&root, &chapter.dir)?;
                 println!(
-                    "wrote the chapter {phase} starter to {} ({} todo!s to write, {} exercise todo!s)",
+                    "wrote the chapter {} starter to {} ({} todo!s to write, {} exercise todo!s)",
+                    chapter.id,
                     out.display(),
                     regions.len(),
                     exercises.len()
                 );
-                println!("next: cd {} && cargo test -p phase{phase}", out.display());
+                println!(
+                    "next: cd {} && cargo test -p {}",
+                    out.display(),
+                    chapter.package
+                );
                 Ok(())
             }
         }
         Some("regions") => {
-            for (p, dir) in phase_dirs(&root)? {
-                for (file, region) in regions_of(&root, &dir, p)? {
+            for chapter in phase_dirs(&root)?.values() {
+                let dir = &chapter.dir;
+                for (file, region) in regions_of(&root, dir, &chapter.id)? {
                     println!(
                         "{}  {}  {}  {}",
                         region.section, file, region.function, region.hint
                     );
                 }
-                for (file, todo) in exercises_of(&root, &dir)? {
+                for (file, todo) in exercises_of(&root, dir)? {
                     println!("{todo}  ({file})");
                 }
             }
@@ -123,23 +129,74 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `phaseN-name` folders by chapter number.
-fn phase_dirs(root: &Path) -> Result<BTreeMap<usize, String>, String> {
-    let mut phases = BTreeMap::new();
-    for entry in fs::read_dir(root).map_err(|e| e.to_string())? {
-        let name = entry
-            .map_err(|e| e.to_string())?
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        if let Some(rest) = name.strip_prefix("phase")
-            && let Some((n, _)) = rest.split_once('-')
-            && let Ok(n) = n.parse()
-        {
-            phases.insert(n, name);
+/// A chapter's number as a sortable key: `3` is (3, 0), `6.2` is (6, 2).
+type Key = (usize, usize);
+
+fn chapter_key(id: &str) -> Option<Key> {
+    match id.split_once('.') {
+        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok().filter(|&m| m > 0)?)),
+        None => Some((id.parse().ok()?, 0)),
+    }
+}
+
+fn label(key: Key) -> String {
+    match key {
+        (major, 0) => major.to_string(),
+        (major, minor) => format!("{major}.{minor}"),
+    }
+}
+
+/// A chapter crate: its number as written, its folder and its package.
+#[derive(Debug, Clone)]
+struct Chapter {
+    id: String,
+    dir: String,
+    package: String,
+}
+
+/// Every chapter crate (`phaseN-name/` or a crate one folder below it) by chapter number,
+/// read from `[package.metadata.course] chapter = "N"` in its Cargo.toml.
+fn phase_dirs(root: &Path) -> Result<BTreeMap<Key, Chapter>, String> {
+    let mut chapters = BTreeMap::new();
+    for file in repo_files(root)? {
+        let parts: Vec<&str> = file.split('/').collect();
+        let in_phase = parts[0].starts_with("phase") && matches!(parts.len(), 2 | 3);
+        if !in_phase || parts.last() != Some(&"Cargo.toml") {
+            continue;
+        }
+        let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+        let Some(id) = manifest_value(&text, "package.metadata.course", "chapter") else {
+            continue;
+        };
+        let package = manifest_value(&text, "package", "name")
+            .ok_or_else(|| format!("{file}: no package name"))?;
+        let key = chapter_key(&id).ok_or_else(|| format!("{file}: bad chapter {id:?}"))?;
+        let dir = file.trim_end_matches("/Cargo.toml").to_string();
+        if let Some(other) = chapters.insert(key, Chapter { id, dir, package }) {
+            return Err(format!(
+                "{file}: chapter {} is also {}",
+                label(key),
+                other.dir
+            ));
         }
     }
-    Ok(phases)
+    Ok(chapters)
+}
+
+/// The string value of `key` in the `[table]` of a Cargo.toml.
+fn manifest_value(text: &str, table: &str, key: &str) -> Option<String> {
+    let mut current = "";
+    for line in text.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = name;
+        } else if current == table
+            && let Some((k, v)) = line.split_once('=')
+            && k.trim() == key
+        {
+            return Some(v.trim().trim_matches('"').to_string());
+        }
+    }
+    None
 }
 
 /// Files of the repository as git sees them (tracked, and new files not ignored).
@@ -204,18 +261,20 @@ fn exercises_of(root: &Path, dir: &str) -> Result<Vec<(String, String)>, String>
     Ok(all)
 }
 
-/// `exercise 4.2: ...` -> (4, 2), for listing exercises in the tutorial's order.
-fn exercise_number(todo: &str) -> (usize, usize) {
+/// `exercise 4.2: ...` -> [4, 2] and `exercise 6.3.1: ...` -> [6, 3, 1], for listing exercises
+/// in the tutorial's order.
+fn exercise_number(todo: &str) -> Vec<usize> {
     let number = todo
         .strip_prefix("exercise ")
         .and_then(|t| t.split(':').next())
-        .and_then(|n| n.split_once('.'));
+        .unwrap_or("");
     number
-        .and_then(|(c, k)| Some((c.parse().ok()?, k.parse().ok()?)))
-        .unwrap_or((usize::MAX, usize::MAX))
+        .split('.')
+        .map(|n| n.parse().unwrap_or(usize::MAX))
+        .collect()
 }
 
-fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Region)>, String> {
+fn regions_of(root: &Path, dir: &str, chapter: &str) -> Result<Vec<(String, Region)>, String> {
     let mut all = Vec::new();
     for file in chapter_sources(root, dir)? {
         let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
@@ -228,13 +287,13 @@ fn regions_of(root: &Path, dir: &str, chapter: usize) -> Result<Vec<(String, Reg
 
 /// Copies the repository to `out` with the solution regions of chapters >= `phase` replaced
 /// and the reference answers of every chapter's exercises cut.
-fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, String> {
+fn write_starter(root: &Path, phase: Key, out: &Path) -> Result<Vec<Region>, String> {
     let phases = phase_dirs(root)?;
     let mut replaced: BTreeMap<String, String> = BTreeMap::new();
     let mut listing = Vec::new();
     let mut exercises = Vec::new();
-    for dir in phases.values() {
-        for file in exercise_sources(root, dir)? {
+    for chapter in phases.values() {
+        for file in exercise_sources(root, &chapter.dir)? {
             let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
             let (new, todos) = strip_solutions(&text).map_err(|e| format!("{file}: {e}"))?;
             replaced.insert(file.clone(), new);
@@ -242,12 +301,12 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
         }
     }
     exercises.sort_by_key(|(_, todo)| exercise_number(todo));
-    for (&p, dir) in phases.range(phase..) {
+    for chapter in phases.range(phase..).map(|(_, c)| c) {
         let mut index = 1;
-        for file in chapter_sources(root, dir)? {
+        for file in chapter_sources(root, &chapter.dir)? {
             let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
             let (new, regions) =
-                replace_regions(&text, p, index).map_err(|e| format!("{file}: {e}"))?;
+                replace_regions(&text, &chapter.id, index).map_err(|e| format!("{file}: {e}"))?;
             index += regions.len();
             if !regions.is_empty() {
                 replaced.insert(file.clone(), new);
@@ -266,8 +325,10 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
         }
         .map_err(|e| format!("{}: {e}", dst.display()))?;
     }
+    let chapter = &phases[&phase];
     let mut guide = format!(
-        "# Starter workspace: chapter {phase}\n\nEvery `todo!` below is yours to write; `cargo test -p phase{phase}` tells you which are left.\n\n"
+        "# Starter workspace: chapter {}\n\nEvery `todo!` below is yours to write; `cargo test -p {}` tells you which are left.\n\n",
+        chapter.id, chapter.package
     );
     for (file, r) in &listing {
         guide.push_str(&format!(
@@ -277,7 +338,7 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
     }
     if !exercises.is_empty() {
         guide.push_str(
-            "\n## Exercises\n\nOnce a chapter's tests pass: `cargo test -p phaseN --features exercises --test exercises`.\n\n",
+            "\n## Exercises\n\nOnce a chapter's tests pass: `cargo test -p <its package> --features exercises --test exercises`.\n\n",
         );
         for (file, todo) in &exercises {
             guide.push_str(&format!("- {todo} (`{file}`)\n"));
@@ -291,9 +352,10 @@ fn write_starter(root: &Path, phase: usize, out: &Path) -> Result<Vec<Region>, S
 /// tests: they must fail, and only with that chapter's todo messages. Then its exercise tests,
 /// which may fail only on an exercise todo (or on the chapter's own, which they build on), and
 /// no exercise file may still hold an answer.
-fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
+fn check_starter(root: &Path, phase: Key) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
-        "nano-serving-starter-{phase}-{}",
+        "nano-serving-starter-{}-{}",
+        label(phase),
         std::process::id()
     ));
     let _ = fs::remove_dir_all(&dir);
@@ -305,10 +367,13 @@ fn check_starter(root: &Path, phase: usize) -> Result<(), String> {
 
 fn check_written_starter(
     root: &Path,
-    phase: usize,
+    key: Key,
     dir: &Path,
     regions: &[Region],
 ) -> Result<(), String> {
+    let phases = phase_dirs(root)?;
+    let chapter = &phases[&key];
+    let phase = &chapter.id;
     no_answers_left(dir)?;
     // A build directory of its own, shared by every chapter's starter so the dependencies
     // are compiled once. Not the repository's: cargo names a workspace crate's artifacts by
@@ -330,7 +395,7 @@ fn check_written_starter(
             String::from_utf8_lossy(&built.stderr)
         ));
     }
-    let package = format!("phase{phase}");
+    let package = chapter.package.clone();
     let chapter_todo = format!("not yet implemented: chapter {phase}.");
     if regions.is_empty() {
         println!("chapter {phase}: no solution regions, nothing to check");
@@ -353,8 +418,7 @@ fn check_written_starter(
             "chapter {phase}: starter builds; {failures} tests fail, each on one of its {own} todo!s"
         );
     }
-    let phases = phase_dirs(root)?;
-    let exercises = exercises_of(root, &phases[&phase])?;
+    let exercises = exercises_of(root, &chapter.dir)?;
     if !exercises.is_empty() {
         let tested = cargo(&[
             "test",

@@ -20,7 +20,7 @@ pub struct Region {
 /// from `first_index`. Returns the new source and the regions in order.
 pub fn replace_regions(
     source: &str,
-    chapter: usize,
+    chapter: &str,
     first_index: usize,
 ) -> Result<(String, Vec<Region>), String> {
     let lines: Vec<&str> = source.lines().collect();
@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn regions_become_todos_named_after_their_function() {
-        let (out, regions) = replace_regions(SOURCE, 1, 1).unwrap();
+        let (out, regions) = replace_regions(SOURCE, "1", 1).unwrap();
         assert!(!out.contains("SOLUTION"));
         assert!(!out.contains("self.free.pop()"));
         assert!(
@@ -136,12 +136,12 @@ mod tests {
 
     #[test]
     fn unbalanced_markers_are_errors() {
-        assert!(replace_regions("// BEGIN SOLUTION\nx\n", 0, 1).is_err());
-        assert!(replace_regions("x\n// END SOLUTION\n", 0, 1).is_err());
+        assert!(replace_regions("// BEGIN SOLUTION\nx\n", "0", 1).is_err());
+        assert!(replace_regions("x\n// END SOLUTION\n", "0", 1).is_err());
         assert!(
             replace_regions(
                 "// BEGIN SOLUTION\n// BEGIN SOLUTION\n// END SOLUTION\n",
-                0,
+                "0",
                 1
             )
             .is_err()
@@ -152,7 +152,7 @@ mod tests {
     fn files_without_regions_are_unchanged() {
         let src = "fn main() {}\n";
         assert_eq!(
-            replace_regions(src, 0, 1).unwrap(),
+            replace_regions(src, "0", 1).unwrap(),
             (src.to_string(), vec![])
         );
     }

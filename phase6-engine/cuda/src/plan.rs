@@ -550,7 +550,7 @@ mod tests {
         cases.push((vec![s], "vocabulary"));
         let mut s = ok();
         s.kv = vec![BlockTable::from_pages(vec![64], 2)];
-        cases.push((vec![s], "outside the cache"));
+        cases.push((vec![s], "outside the store"));
         let mut s = ok();
         s.start_pos = 1;
         cases.push((vec![s], "segments hold"));

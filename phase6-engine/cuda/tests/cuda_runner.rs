@@ -519,7 +519,7 @@ fn bad_batches_are_errors_on_the_device() {
     };
     for (s, needle) in [
         (seq(5000, 0), "vocabulary"),
-        (seq(5, 8), "outside the cache"),
+        (seq(5, 8), "outside the store"),
     ] {
         let err = gpu.forward_sample(&one(&s)).unwrap_err();
         assert!(
