@@ -7,7 +7,7 @@
 //!
 //! A table is also the unit of *sharing*: a sequence's KV may be several tables (segments),
 //! shared ones first (a cached prefix, a registered chunk), its own last; each starts on a
-//! fresh page (see DESIGN.md, "segments").
+//! fresh page (docs/ARCHITECTURE.md, "KV segments").
 
 use std::fmt;
 

@@ -51,7 +51,7 @@ impl SampleSpec {
 
 /// One sequence's part of a forward step.
 ///
-/// `kv` lists the sequence's KV as segments (see DESIGN.md): shared segments first (a cached
+/// `kv` lists the sequence's KV as segments (docs/ARCHITECTURE.md, "KV segments"): shared segments first (a cached
 /// prefix, registered chunks), the sequence's own pages last. The caller has already reserved
 /// slots for the new tokens, so the segments' token counts *include* them: the new tokens are
 /// the last `tokens.len()` tokens of the last segment, and the sequence's total length after the

@@ -51,7 +51,7 @@ impl FromStr for ChunkType {
     }
 }
 
-/// How compositions reuse K/V (see DESIGN.md, "The chunk API and exactness").
+/// How compositions reuse K/V (docs/ARCHITECTURE.md, "The chunk API").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CompositionMode {
     /// Output identical to plain generation of the same tokens: each context's K/V is computed
