@@ -17,7 +17,6 @@ use cudarc::nvrtc::Ptx;
 
 use crate::compile::{Arch, Compiler};
 use crate::error::{DriverContext, Error, Result};
-use crate::gemm_tuning::GemmTuning;
 use crate::source::Source;
 
 pub struct Gpu {
@@ -31,7 +30,6 @@ pub struct Gpu {
     compiler: Compiler,
     modules: [OnceLock<Arc<CudaModule>>; Source::ALL.len()],
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
-    gemm_tuning: GemmTuning,
 }
 
 impl Gpu {
@@ -73,7 +71,6 @@ impl Gpu {
             compiler,
             modules: Default::default(),
             functions: Mutex::new(HashMap::new()),
-            gemm_tuning: GemmTuning::default(),
         })
     }
 
@@ -100,10 +97,6 @@ impl Gpu {
 
     pub(crate) fn blas(&self) -> &CudaBlas {
         &self.blas
-    }
-
-    pub(crate) fn gemm_tuning(&self) -> &GemmTuning {
-        &self.gemm_tuning
     }
 
     /// Gives cuBLAS a scratch buffer of its own for good. Without one it allocates scratch

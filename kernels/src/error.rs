@@ -48,9 +48,6 @@ pub enum Error {
     #[error("cuBLAS: {0:?}")]
     Cublas(#[from] CublasError),
 
-    #[error("cuBLASLt: {0:?}")]
-    CublasLt(#[from] cudarc::cublaslt::result::CublasError),
-
     /// A launcher refused its arguments before touching the device.
     #[error("{kernel}: {message}")]
     InvalidArgument {

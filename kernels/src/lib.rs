@@ -15,7 +15,6 @@
 //! | RMSNorm, residual add + RMSNorm     | [`norm`]      | block reductions, fusion              |
 //! | QKV projection, MLP, lm_head        | [`linear`]    | cuBLAS GEMM, fused weights            |
 //! | the same, in a decode step          | [`split_k`]   | split-K: enough tiles for thin GEMMs  |
-//! | the same, tuned (opt-in)            | [`gemm_tuning`]| cuBLASLt algorithms chosen by timing |
 //! | q/k norm, RoPE, KV store            | [`rope`]      | paged KV writes (vLLM)                |
 //! | prefill attention                   | [`prefill`]   | FlashAttention-2 on tensor cores      |
 //! | decode attention                    | [`decode`]    | bandwidth-bound paged decode, split-K |
@@ -34,7 +33,6 @@ mod source;
 pub mod activation;
 pub mod decode;
 pub mod gather;
-pub mod gemm_tuning;
 pub mod graph;
 pub mod linear;
 pub mod merge;

@@ -9,28 +9,22 @@
 //! time turns three GEMMs into one larger, more efficient one.
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::cublaslt::sys as lt_sys;
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
-use crate::gemm_tuning::{self, GemmShape};
 use crate::source::Source;
 
 /// Output element types of [`linear`].
 pub trait GemmOutput: DeviceRepr + Default + Copy {
     const TYPE: blas_sys::cudaDataType;
-    const LT_TYPE: lt_sys::cudaDataType;
-    const F32: bool;
     fn to_f32(self) -> f32;
 }
 
 impl GemmOutput for bf16 {
     const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_16BF;
-    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_16BF;
-    const F32: bool = false;
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }
@@ -38,16 +32,13 @@ impl GemmOutput for bf16 {
 
 impl GemmOutput for f32 {
     const TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
-    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_32F;
-    const F32: bool = true;
     fn to_f32(self) -> f32 {
         self
     }
 }
 
 /// `y: [tokens, out_features] = x: bf16[tokens, in_features] · w^T`, `w: bf16[out_features,
-/// in_features]`. A shape tuned by [`crate::gemm_tuning::tune_linear`] runs with the cuBLASLt
-/// algorithm chosen for it, any other with cuBLAS's default.
+/// in_features]`, through cuBLAS's default algorithm.
 pub fn linear<T: GemmOutput>(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,
@@ -68,18 +59,21 @@ pub fn linear<T: GemmOutput>(
         tokens,
         out_features,
         in_features,
-        f32_out: T::F32,
     };
     let ptrs = (gpu.ptr(w), gpu.ptr(x), gpu.ptr_mut(y));
-    match gpu.gemm_tuning().chosen(&shape) {
-        Some(algo) => gemm_tuning::run::<T>(gpu, &shape, &algo, ptrs),
-        None => default_gemm::<T>(gpu, ptrs, &shape),
-    }
+    default_gemm::<T>(gpu, ptrs, &shape)
+}
+
+/// A product `y[tokens, out_features] = x[tokens, in_features] · w^T`.
+struct GemmShape {
+    tokens: usize,
+    out_features: usize,
+    in_features: usize,
 }
 
 /// The product through cuBLAS's default algorithm; `(w, x, y)` are device addresses of
 /// buffers the caller checked against `shape`.
-pub(crate) fn default_gemm<T: GemmOutput>(
+fn default_gemm<T: GemmOutput>(
     gpu: &Gpu,
     (pw, px, py): (u64, u64, u64),
     shape: &GemmShape,

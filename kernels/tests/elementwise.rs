@@ -1,10 +1,9 @@
-//! Gathers, norms, SiLU-and-multiply and the cuBLAS linear layer (default and tuned) against CPU
-//! references.
+//! Gathers, norms, SiLU-and-multiply and the cuBLAS linear layer against CPU references.
 
 mod common;
 
 use common::*;
-use kernels::{activation, gather, gemm_tuning, linear, norm, split_k};
+use kernels::{activation, gather, linear, norm, split_k};
 
 #[test]
 fn embedding_and_gather_rows_copy_exactly() {
@@ -204,60 +203,6 @@ fn wrong_sizes_are_refused_before_launch() {
     );
     let err = norm::rms_norm(&gpu, &x, &w, &mut out, 2, 30, 1e-6).unwrap_err();
     assert!(err.to_string().contains("multiple of 8"), "{err}");
-}
-
-#[test]
-fn tuned_linear_agrees_with_the_reference() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng::new(6);
-    // A decode step's o_proj shape, scaled down: thin, with more weight than activations.
-    let (tokens, inp, out) = (48, 512, 384);
-    let weights: Vec<Vec<kernels::bf16>> = (0..3)
-        .map(|_| to_bf16(&rng.normals(out * inp, 0.05)))
-        .collect();
-    let d_weights: Vec<_> = weights.iter().map(|w| gpu.upload(w).unwrap()).collect();
-    let refs: Vec<_> = d_weights.iter().collect();
-    let x = to_bf16(&rng.normals(tokens * inp, 1.0));
-    let d_x = gpu.upload(&x).unwrap();
-    let (xw, ww) = (wide(&x), wide(&weights[1]));
-    let reference: Vec<f64> = (0..tokens * out)
-        .map(|i| {
-            let (t, o) = (i / out, i % out);
-            (0..inp).map(|j| xw[t * inp + j] * ww[o * inp + j]).sum()
-        })
-        .collect();
-
-    let mut d_y = gpu.upload(&poison_bf16(tokens * out)).unwrap();
-    let tuned = gemm_tuning::tune_linear(&gpu, &refs, &d_x, &mut d_y, tokens, out, inp).unwrap();
-    println!("bf16 out: {tuned:?}");
-    assert!(tuned.timed >= 2, "cuBLASLt offered no candidate: {tuned:?}");
-    assert_eq!(
-        tuned.rejected, 0,
-        "a candidate disagreed with cuBLAS: {tuned:?}"
-    );
-    assert!(tuned.best_us <= tuned.default_us);
-    linear::linear(&gpu, &d_x, &d_weights[1], &mut d_y, tokens, out, inp).unwrap();
-    let y = wide(&gpu.download(&d_y).unwrap());
-    assert_close("tuned linear bf16 out", &y, &reference, BF16_TOL);
-
-    let mut d_y32 = gpu.upload(&poison_f32(tokens * out)).unwrap();
-    let tuned = gemm_tuning::tune_linear(&gpu, &refs, &d_x, &mut d_y32, tokens, out, inp).unwrap();
-    println!("f32 out: {tuned:?}");
-    assert_eq!(
-        tuned.rejected, 0,
-        "a candidate disagreed with cuBLAS: {tuned:?}"
-    );
-    linear::linear(&gpu, &d_x, &d_weights[1], &mut d_y32, tokens, out, inp).unwrap();
-    let y32: Vec<f64> = gpu
-        .download(&d_y32)
-        .unwrap()
-        .iter()
-        .map(|&v| v as f64)
-        .collect();
-    assert_close("tuned linear f32 out", &y32, &reference, 1e-3);
-
-    let empty: [&kernels::CudaSlice<kernels::bf16>; 0] = [];
-    assert!(gemm_tuning::tune_linear(&gpu, &empty, &d_x, &mut d_y, tokens, out, inp).is_err());
 }
 
 #[test]

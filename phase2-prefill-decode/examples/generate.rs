@@ -8,7 +8,7 @@ use std::time::Instant;
 use phase0::{Request, SamplingParams, Sequence};
 use phase1::KvPool;
 use phase2::{
-    CpuRunner, DecodeManager, ForwardBatch, Model, ModelRunner, PrefillManager, SchedulerConfig,
+    CpuRunner, DecodeManager, ForwardBatch, Model, ModelRunner, PrefillConfig, PrefillManager,
     SeqState, Tokenizer,
 };
 
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (num_pages, page_size) = (64, 16);
     let mut runner = CpuRunner::new(model, num_pages, page_size);
     let mut pool = KvPool::new(num_pages, page_size)?;
-    let mut prefill = PrefillManager::new(SchedulerConfig::default());
+    let mut prefill = PrefillManager::new(PrefillConfig::default());
     let mut decode = DecodeManager::new();
 
     let params = SamplingParams::default()

@@ -14,6 +14,7 @@ mod decode_manager;
 mod error;
 #[cfg(feature = "exercises")]
 pub mod exercises;
+mod fixtures;
 mod hash_runner;
 mod kv_store;
 mod model;
@@ -30,11 +31,12 @@ pub use config::{Architecture, ModelConfig};
 pub use cpu_runner::{BatchAttention, CpuRunner, LayerAttention, PagedAttention};
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
+pub use fixtures::{Fixture, FixtureCase};
 pub use hash_runner::HashRunner;
 pub use kv_store::KvStore;
 pub use model::{Layer, Model};
 pub use paths::{default_model_dir, models_dir};
-pub use prefill_manager::{PrefillManager, SchedulerConfig};
+pub use prefill_manager::{PrefillConfig, PrefillManager};
 pub use runner::{
     BatchLimits, ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, validate_batch,
     validate_segments,

@@ -15,14 +15,14 @@ use crate::seq_state::SeqState;
 
 /// The limits of one scheduling step, with the reference engines' defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SchedulerConfig {
+pub struct PrefillConfig {
     /// Most tokens computed in one step.
     pub max_num_batched_tokens: usize,
     /// Most sequences running (prefill or decode) at once.
     pub max_num_seqs: usize,
 }
 
-impl Default for SchedulerConfig {
+impl Default for PrefillConfig {
     fn default() -> Self {
         Self {
             max_num_batched_tokens: 16384,
@@ -34,19 +34,19 @@ impl Default for SchedulerConfig {
 /// The waiting queue and its admission rule.
 #[derive(Debug, Default)]
 pub struct PrefillManager {
-    config: SchedulerConfig,
+    config: PrefillConfig,
     waiting: VecDeque<SeqState>,
 }
 
 impl PrefillManager {
-    pub fn new(config: SchedulerConfig) -> Self {
+    pub fn new(config: PrefillConfig) -> Self {
         Self {
             config,
             waiting: VecDeque::new(),
         }
     }
 
-    pub fn config(&self) -> SchedulerConfig {
+    pub fn config(&self) -> PrefillConfig {
         self.config
     }
 
@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn fcfs_within_the_token_budget() {
-        let mut m = PrefillManager::new(SchedulerConfig {
+        let mut m = PrefillManager::new(PrefillConfig {
             max_num_batched_tokens: 10,
             max_num_seqs: 8,
         });
@@ -136,7 +136,7 @@ mod tests {
 
     #[test]
     fn seats_and_pages_limit_admission() {
-        let mut m = PrefillManager::new(SchedulerConfig {
+        let mut m = PrefillManager::new(PrefillConfig {
             max_num_batched_tokens: 100,
             max_num_seqs: 2,
         });
@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn a_prompt_over_the_budget_is_refused_at_once() {
-        let mut m = PrefillManager::new(SchedulerConfig {
+        let mut m = PrefillManager::new(PrefillConfig {
             max_num_batched_tokens: 8,
             max_num_seqs: 8,
         });

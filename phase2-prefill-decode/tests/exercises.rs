@@ -6,9 +6,8 @@ use phase2::exercises::logprobs::{log_softmax, top_logprobs};
 use phase2::exercises::min_p::{apply_min_p, sample_min_p, validate_min_p};
 use phase2::exercises::repetition_penalty::{apply_repetition_penalty, generate};
 use phase2::sampler::{argmax, sample};
-use phase2::{CpuRunner, Model, SampleSpec, models_dir};
+use phase2::{CpuRunner, Fixture, Model, SampleSpec, models_dir};
 use proptest::prelude::*;
-use serde_json::Value;
 
 fn spec(temperature: f32, top_k: i32, seed: u64, step: u64) -> SampleSpec {
     SampleSpec {
@@ -29,23 +28,11 @@ fn tiny_runner() -> CpuRunner {
 /// A prompt and its 32 greedy tokens from Hugging Face `transformers`
 /// (`models/fixtures/tiny-shakespeare.json`).
 fn fixture(name: &str) -> (Vec<TokenId>, Vec<TokenId>) {
-    let path = models_dir().join("fixtures/tiny-shakespeare.json");
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let case = json["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
+    let fixture = Fixture::read(&models_dir().join("fixtures/tiny-shakespeare.json")).unwrap();
+    let case = fixture
+        .case(name)
         .unwrap_or_else(|| panic!("no fixture case {name}"));
-    let ids = |key: &str| -> Vec<TokenId> {
-        case[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as TokenId)
-            .collect()
-    };
-    (ids("prompt_ids"), ids("greedy_ids"))
+    (case.prompt.clone(), case.greedy.clone())
 }
 
 mod min_p {

@@ -6,49 +6,12 @@
 mod common;
 
 use common::{greedy, models_dir, rel_error};
-use phase2::Model;
-use serde_json::Value;
-
-struct Case {
-    name: String,
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    gaps: Vec<f32>,
-    logits: Vec<f32>,
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
+use phase2::{Fixture, FixtureCase, Model};
 
 /// Reads one fixture file: the model folder (relative to `models/`) and its cases.
-fn read_fixture(path: &std::path::Path) -> (String, Vec<Case>) {
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let cases = json["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            name: c["name"].as_str().unwrap().to_string(),
-            prompt: ids(&c["prompt_ids"]),
-            greedy: ids(&c["greedy_ids"]),
-            gaps: floats(&c["greedy_top2_gaps"]),
-            logits: floats(&c["last_logits"]),
-        })
-        .collect();
-    (json["model_dir"].as_str().unwrap().to_string(), cases)
+fn read_fixture(path: &std::path::Path) -> (String, Vec<FixtureCase>) {
+    let f = Fixture::read(path).unwrap();
+    (f.model_dir, f.cases)
 }
 
 #[test]
@@ -102,16 +65,18 @@ fn forward_pass_matches_transformers_on_every_fixture() {
 
 #[test]
 fn fixture_prompts_tokenize_as_in_transformers() {
-    let path = models_dir().join("fixtures/tiny-shakespeare.json");
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let (_, cases) = read_fixture(&models_dir().join("fixtures/tiny-shakespeare.json"));
     let tok = phase2::Tokenizer::from_dir(&models_dir().join("tiny-shakespeare")).unwrap();
-    for case in json["cases"].as_array().unwrap() {
-        let text = case["prompt_text"].as_str().unwrap();
+    for case in cases {
+        let text = case
+            .text
+            .as_deref()
+            .expect("the embedded model's fixture has its texts");
         assert_eq!(
             tok.encode(text).unwrap(),
-            ids(&case["prompt_ids"]),
+            case.prompt,
             "case {} tokenizes differently from the Python tokenizers library",
-            case["name"]
+            case.name
         );
     }
 }

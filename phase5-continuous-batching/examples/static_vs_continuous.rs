@@ -27,7 +27,7 @@ fn main() {
         let config = SchedulerConfig {
             max_num_seqs: 16,
             chunk_size: None,
-            enable_prefix_cache: false,
+            enable_prefix_caching: false,
             batching,
             ..SchedulerConfig::default()
         };

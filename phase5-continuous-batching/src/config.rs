@@ -18,7 +18,7 @@ pub struct SchedulerConfig {
     /// Most prompt tokens a request gets per step; `None` prefills whole prompts.
     pub chunk_size: Option<usize>,
     /// Reuse the K/V of earlier requests' prefixes through the radix cache.
-    pub enable_prefix_cache: bool,
+    pub enable_prefix_caching: bool,
     pub batching: Batching,
     /// Longest sequence (prompt + output) the model may see.
     pub max_model_len: usize,
@@ -30,7 +30,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             chunk_size: Some(512),
-            enable_prefix_cache: true,
+            enable_prefix_caching: true,
             batching: Batching::Continuous,
             max_model_len: 4096,
         }

@@ -61,7 +61,7 @@ impl Scheduler {
         };
         let cache = OptionalCache(
             config
-                .enable_prefix_cache
+                .enable_prefix_caching
                 .then(|| RadixCache::new(page_size)),
         );
         let mut inner = ChunkedScheduler::with_cache(pool, chunked, eos, cache);

@@ -26,7 +26,7 @@ fn config(max_num_seqs: usize, chunk: Option<usize>, cache: bool) -> SchedulerCo
         max_num_batched_tokens: 48,
         max_num_seqs,
         chunk_size: chunk,
-        enable_prefix_cache: cache,
+        enable_prefix_caching: cache,
         batching: Batching::Continuous,
         max_model_len: 4096,
     }

@@ -65,7 +65,7 @@ fn engine(seats: usize) -> Engine<HashRunner> {
         max_num_batched_tokens: 4096,
         max_num_seqs: seats,
         chunk_size: None,
-        enable_prefix_cache: false,
+        enable_prefix_caching: false,
         batching: Batching::Continuous,
         max_model_len: 4096,
     };

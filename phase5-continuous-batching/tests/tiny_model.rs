@@ -17,7 +17,7 @@ fn config(max_num_seqs: usize, chunk_size: Option<usize>) -> SchedulerConfig {
         max_num_batched_tokens: 64,
         max_num_seqs,
         chunk_size,
-        enable_prefix_cache: true,
+        enable_prefix_caching: true,
         batching: Batching::Continuous,
         max_model_len: 2048,
     }

@@ -41,7 +41,7 @@ fn parse_args() -> Result<Args, String> {
         modes: vec![false],
         repeat: 1,
         seqs: 256,
-        config: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/qwen3-0.6b.json"),
+        config: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/qwen3-0.6b.json"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -162,7 +162,7 @@ fn bench(
         max_num_batched_tokens: MAX_TOKENS_PER_STEP,
         max_num_seqs: MAX_SEQS,
         chunk_size: Some(MAX_TOKENS_PER_STEP),
-        enable_prefix_cache: false,
+        enable_prefix_caching: false,
         batching: Batching::Continuous,
         max_model_len: 4096,
     };

@@ -7,7 +7,6 @@
 //! sampling sequence goes through the lm_head.
 
 use kernels::decode::{self, DecodeWorkspace};
-use kernels::gemm_tuning::{Tuned, tune_linear};
 use kernels::merge::{self, PartialState};
 use kernels::paged::{AttentionInputs, CacheShape, PageTable};
 use kernels::prefill::{self, PrefillQueries};
@@ -395,71 +394,6 @@ pub(crate) fn copy_kv_rotated(
         )?;
     }
     Ok(())
-}
-
-/// Chooses the cuBLASLt algorithm of each product of a decode step of `rows` sequences by
-/// timing (see `kernels::gemm_tuning`), over the model's own weights. Returns what it found for
-/// the products every layer runs through `linear` at that size, and for the lm_head. The
-/// activation buffers are scratch here: they get a fixed pattern as input and are overwritten.
-pub(crate) fn tune_decode_gemms(
-    gpu: &Gpu,
-    m: &Dims,
-    w: &DeviceWeights,
-    a: &mut Activations,
-    rows: usize,
-) -> Result<(Vec<Tuned>, Tuned)> {
-    let widest = m.hidden.max(m.q_width()).max(m.inter);
-    let pattern: Vec<bf16> = (0..rows * widest)
-        .map(|i| bf16::from_f32((i * 7919 % 251) as f32 / 251.0 - 0.5))
-        .collect();
-    gpu.copy_to_device(&pattern[..rows * m.hidden], &mut a.hidden)?;
-    gpu.copy_to_device(&pattern[..rows * m.q_width()], &mut a.attn)?;
-    gpu.copy_to_device(&pattern[..rows * m.inter], &mut a.act)?;
-    gpu.copy_to_device(&pattern[..rows * m.hidden], &mut a.last)?;
-    let of = |pick: fn(&LayerWeights) -> &CudaSlice<bf16>| -> Vec<&CudaSlice<bf16>> {
-        w.layers.iter().map(pick).collect()
-    };
-    let (h, t) = (m.hidden, rows);
-    let mut per_layer = vec![
-        tune_linear(
-            gpu,
-            &of(|l| &l.qkv),
-            &a.hidden,
-            &mut a.wide,
-            t,
-            m.qkv_width(),
-            h,
-        )?,
-        tune_linear(
-            gpu,
-            &of(|l| &l.gate_up),
-            &a.hidden,
-            &mut a.wide,
-            t,
-            2 * m.inter,
-            h,
-        )?,
-    ];
-    // o_proj and down run split-K at the sizes where `hidden_product` splits them, never
-    // through `linear`: tuning them there would time kernels the step does not use.
-    if split_k::num_splits(t, h, m.q_width()) == 1 {
-        let o = tune_linear(
-            gpu,
-            &of(|l| &l.o_proj),
-            &a.attn,
-            &mut a.hidden,
-            t,
-            h,
-            m.q_width(),
-        );
-        per_layer.push(o?);
-    }
-    if split_k::num_splits(t, h, m.inter) == 1 {
-        let down = tune_linear(gpu, &of(|l| &l.down), &a.act, &mut a.hidden, t, h, m.inter);
-        per_layer.push(down?);
-    }
-    let lm_head = tune_linear(gpu, &[w.output()], &a.last, &mut a.logits, t, m.vocab, h)?;
-    Ok((per_layer, lm_head))
 }
 
 /// Attention of every row (its K/V already stored) into `a.attn`: decode rows through the

@@ -10,7 +10,6 @@
 //! kernel's split count assumes the longest sequence, and each sequence may use up to
 //! `entries_per_seq` page entries (a step that needs more runs eagerly).
 
-use kernels::gemm_tuning::Tuned;
 use kernels::graph::{self, Graph};
 use kernels::sampling::SampleParams;
 use kernels::{CudaView, Gpu, Result};
@@ -40,37 +39,6 @@ pub(crate) struct DecodeGraphs {
     staging: Staging,
     buckets: Vec<Bucket>,
     entries_per_seq: usize,
-    tuning: Vec<TunedStep>,
-    tuning_skipped: Option<String>,
-}
-
-/// The device time of one decode step's GEMMs (every layer's and the lm_head), with cuBLAS's
-/// default algorithms and with the tuned ones, for one bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TunedStep {
-    pub seqs: usize,
-    pub default_us: f64,
-    pub tuned_us: f64,
-    /// Distinct product shapes in the step, and how many of them run through cuBLASLt.
-    pub shapes: usize,
-    pub shapes_through_lt: usize,
-}
-
-impl TunedStep {
-    /// `per_layer` runs once in each of `layers` layers, `lm_head` once a step.
-    fn new(seqs: usize, layers: usize, per_layer: &[Tuned], lm_head: &Tuned) -> Self {
-        let sum = |us: fn(&Tuned) -> f64| {
-            per_layer.iter().map(us).sum::<f64>() * layers as f64 + us(lm_head)
-        };
-        let all = || per_layer.iter().chain([lm_head]);
-        Self {
-            seqs,
-            default_us: sum(|t| t.default_us),
-            tuned_us: sum(|t| t.best_us),
-            shapes: all().count(),
-            shapes_through_lt: all().filter(|t| t.through_lt).count(),
-        }
-    }
 }
 
 /// Bucket sizes up to `max`: 1, 2, 4, 8, every multiple of 16 below `max`, and `max`.
@@ -85,15 +53,12 @@ pub(crate) fn bucket_sizes(max: usize) -> Vec<usize> {
 }
 
 impl DecodeGraphs {
-    /// Captures one graph per bucket up to `limits.max_seqs` sequences. With
-    /// `tune_gemms`, each bucket's products get their cuBLASLt algorithm chosen by timing
-    /// before its capture.
+    /// Captures one graph per bucket up to `limits.max_seqs` sequences.
     pub fn capture(
         gpu: &Gpu,
         model: Model<'_>,
         limits: &Limits,
         entries_per_seq: usize,
-        tune_gemms: bool,
     ) -> Result<Self> {
         let Model {
             dims,
@@ -114,17 +79,7 @@ impl DecodeGraphs {
         let mut staging = Staging::new(gpu, span)?;
 
         let mut buckets = Vec::with_capacity(sizes.len());
-        let (mut tuning, mut tuning_skipped, mut tune) = (Vec::new(), None, tune_gemms);
         for size in sizes {
-            if tune {
-                match forward::tune_decode_gemms(gpu, dims, weights, act, size) {
-                    Ok((per_layer, lm_head)) => {
-                        tuning.push(TunedStep::new(size, dims.layers, &per_layer, &lm_head))
-                    }
-                    // cuBLAS's defaults still work: go on with them, and say why.
-                    Err(e) => (tuning_skipped, tune) = (Some(e.to_string()), false),
-                }
-            }
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
             let inputs = staging.inputs(&layout);
@@ -143,19 +98,7 @@ impl DecodeGraphs {
             staging,
             buckets,
             entries_per_seq,
-            tuning,
-            tuning_skipped,
         })
-    }
-
-    /// What GEMM tuning found, per bucket (empty when it was off).
-    pub fn tuning(&self) -> &[TunedStep] {
-        &self.tuning
-    }
-
-    /// Why GEMM tuning stopped, when it failed (the remaining buckets use cuBLAS's defaults).
-    pub fn tuning_skipped(&self) -> Option<&str> {
-        self.tuning_skipped.as_deref()
     }
 
     pub fn len(&self) -> usize {

@@ -17,6 +17,5 @@ mod runner;
 mod staging;
 mod weights;
 
-pub use graphs::TunedStep;
 pub use overlap::{Overlap, OverlapDriver, PENDING_TOKEN, QueuedRunner};
 pub use runner::{CudaOptions, CudaRunner, MemoryReport};

@@ -24,7 +24,7 @@ use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 use phase6_chunks::{CascadeStats, ChunkRunner, SharedSegment, check_copy_kv, plan_cascade};
 
 use crate::forward::{self, Activations, Dims, KvCache};
-use crate::graphs::{self, DecodeGraphs, TunedStep};
+use crate::graphs::{self, DecodeGraphs};
 use crate::overlap::{PENDING_TOKEN, QueuedRunner};
 use crate::plan::{CascadeSplit, Limits, StepPlan};
 use crate::staging::Staging;
@@ -34,8 +34,7 @@ use crate::weights::DeviceWeights;
 const BLAS_WORKSPACE: usize = 32 << 20;
 /// Device memory left free for what is not counted (the CUDA context's own growth).
 const RESERVE: usize = 256 << 20;
-/// Device memory left free for the decode graphs' instantiation (and cuBLASLt's workspace when
-/// their GEMMs are tuned).
+/// Device memory left free for the decode graphs' instantiation.
 const GRAPH_RESERVE: usize = 512 << 20;
 /// Page entries a sequence may use in a graph-replayed step, beyond its full pages (one
 /// partly filled page per segment).
@@ -58,10 +57,6 @@ pub struct CudaOptions {
     pub max_num_seqs: usize,
     /// Launch every kernel of every step one by one (no CUDA graphs): for debugging.
     pub enforce_eager: bool,
-    /// Before capturing the decode graphs, time cuBLASLt's algorithms for each bucket's GEMMs
-    /// and keep the fastest (see `kernels::gemm_tuning`); a few seconds at start. Off by
-    /// default: its gain is within run-to-run noise, and it is not yet proven on every model.
-    pub tune_gemms: bool,
     /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
     /// with few queries is attended in several pieces at once so that it fills the GPU.
     pub cascade_split_min_tokens: usize,
@@ -77,7 +72,6 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            tune_gemms: false,
             cascade_split_min_tokens: 1024,
         }
     }
@@ -97,10 +91,6 @@ pub struct MemoryReport {
     pub num_graphs: usize,
     /// Device memory the graphs took when they were captured.
     pub graph_bytes: usize,
-    /// What GEMM tuning found per decode bucket (empty when it did not run).
-    pub gemm_tuning: Vec<TunedStep>,
-    /// Why GEMM tuning stopped, when it failed.
-    pub gemm_tuning_skipped: Option<String>,
 }
 
 impl MemoryReport {
@@ -128,27 +118,6 @@ impl fmt::Display for MemoryReport {
         match self.num_graphs {
             0 => write!(f, ", eager (no CUDA graphs)")?,
             n => write!(f, ", {n} decode graphs ({:.2} GiB)", gib(self.graph_bytes))?,
-        }
-        // A few buckets stand for the rest.
-        let shown: Vec<String> = self
-            .gemm_tuning
-            .iter()
-            .filter(|t| [1, 16, 64, 128, 256, 512].contains(&t.seqs))
-            .map(|t| {
-                format!(
-                    "{} seqs {:.0} -> {:.0} us ({}/{} cuBLASLt)",
-                    t.seqs, t.default_us, t.tuned_us, t.shapes_through_lt, t.shapes
-                )
-            })
-            .collect();
-        if !shown.is_empty() {
-            write!(f, "; a decode step's GEMMs, tuned: {}", shown.join(", "))?;
-        }
-        if let Some(why) = &self.gemm_tuning_skipped {
-            write!(
-                f,
-                "; GEMM tuning stopped ({why}): cuBLAS's defaults from there on"
-            )?;
         }
         Ok(())
     }
@@ -244,18 +213,9 @@ impl CudaRunner {
                 kv: &mut kv,
             };
             let entries = max_pages + SPARE_ENTRIES;
-            Some(
-                DecodeGraphs::capture(&gpu, model, &limits, entries, options.tune_gemms)
-                    .map_err(device_error)?,
-            )
+            Some(DecodeGraphs::capture(&gpu, model, &limits, entries).map_err(device_error)?)
         };
         let (after, _) = gpu.memory_info().map_err(device_error)?;
-        let tuned = graphs.as_ref().is_some_and(|g| !g.tuning().is_empty());
-        let tuned_workspace = if tuned {
-            kernels::gemm_tuning::WORKSPACE_BYTES
-        } else {
-            0
-        };
 
         let memory = MemoryReport {
             device,
@@ -264,19 +224,12 @@ impl CudaRunner {
             activation_bytes: act.bytes()
                 + staging.bytes()
                 + graphs.as_ref().map_or(0, DecodeGraphs::staging_bytes)
-                + BLAS_WORKSPACE
-                + tuned_workspace,
+                + BLAS_WORKSPACE,
             kv_bytes: kv.bytes(),
             num_pages: shape.num_pages,
             page_size: options.page_size,
             num_graphs: graphs.as_ref().map_or(0, DecodeGraphs::len),
-            gemm_tuning: graphs
-                .as_ref()
-                .map_or_else(Vec::new, |g| g.tuning().to_vec()),
-            gemm_tuning_skipped: graphs
-                .as_ref()
-                .and_then(|g| g.tuning_skipped().map(str::to_owned)),
-            graph_bytes: before.saturating_sub(after).saturating_sub(tuned_workspace),
+            graph_bytes: before.saturating_sub(after),
         };
         let sampled_host = gpu.pinned(options.max_num_seqs).map_err(device_error)?;
         let launched_host = [

@@ -16,20 +16,12 @@ use std::path::{Path, PathBuf};
 use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
 use phase2::{
-    CpuRunner, Error, ForwardBatch, ForwardSeq, Logits, Model, ModelConfig, ModelRunner,
-    SampleSpec, Weights, sampler,
+    CpuRunner, Error, Fixture, FixtureCase, ForwardBatch, ForwardSeq, Logits, Model, ModelConfig,
+    ModelRunner, SampleSpec, Weights, models_dir, sampler,
 };
 use phase5::{Batching, Engine, SchedulerConfig};
 use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment, plan_cascade};
 use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
-use serde_json::Value;
-
-/// The `models/` folder: `NANO_SERVING_MODELS` if set, else the repository's.
-fn models_dir() -> PathBuf {
-    std::env::var_os("NANO_SERVING_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-}
 
 /// True when a GPU is here; otherwise says on stderr (uncaptured) why the test is skipped.
 fn have_gpu() -> bool {
@@ -174,37 +166,9 @@ fn agree(label: &str, got: &[TokenId], want: &[TokenId], gaps: &[f32], tol: f32)
     equal
 }
 
-struct Case {
-    name: String,
-    prompt: Vec<TokenId>,
-    greedy: Vec<TokenId>,
-    gaps: Vec<f32>,
-    logits: Vec<f32>,
-}
-
-fn read_fixture(path: &Path) -> (String, Vec<Case>) {
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let ids = |v: &Value| -> Vec<TokenId> {
-        let a = v.as_array().unwrap();
-        a.iter().map(|x| x.as_u64().unwrap() as TokenId).collect()
-    };
-    let floats = |v: &Value| -> Vec<f32> {
-        let a = v.as_array().unwrap();
-        a.iter().map(|x| x.as_f64().unwrap() as f32).collect()
-    };
-    let cases = json["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            name: c["name"].as_str().unwrap().to_string(),
-            prompt: ids(&c["prompt_ids"]),
-            greedy: ids(&c["greedy_ids"]),
-            gaps: floats(&c["greedy_top2_gaps"]),
-            logits: floats(&c["last_logits"]),
-        })
-        .collect();
-    (json["model_dir"].as_str().unwrap().to_string(), cases)
+fn read_fixture(path: &Path) -> (String, Vec<FixtureCase>) {
+    let f = Fixture::read(path).unwrap();
+    (f.model_dir, f.cases)
 }
 
 #[test]
@@ -612,7 +576,7 @@ fn engine_batched_equals_alone_and_a_tiny_pool_preempts() {
             max_num_batched_tokens,
             max_num_seqs,
             chunk_size: chunk,
-            enable_prefix_cache: true,
+            enable_prefix_caching: true,
             batching: Batching::Continuous,
             max_model_len: 2048,
         }
@@ -702,7 +666,7 @@ fn run_mixed(
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
         chunk_size: Some(64),
-        enable_prefix_cache: true,
+        enable_prefix_caching: true,
         batching: Batching::Continuous,
         max_model_len: 2048,
     };

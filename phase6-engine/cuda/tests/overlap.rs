@@ -88,7 +88,7 @@ fn config(max_num_seqs: usize) -> SchedulerConfig {
         max_num_batched_tokens: 48,
         max_num_seqs,
         chunk_size: Some(8),
-        enable_prefix_cache: true,
+        enable_prefix_caching: true,
         batching: Batching::Continuous,
         max_model_len: 4096,
     }

@@ -64,9 +64,6 @@ pub struct Config {
     /// Decide each decode step while the one before it runs on the device (SGLang's overlap
     /// scheduler); only runners that queue work (CUDA) use it. Off: one step at a time.
     pub overlap_scheduling: bool,
-    /// Choose each decode GEMM's cuBLASLt algorithm by timing at start (CUDA graphs only;
-    /// experimental, off by default).
-    pub tune_gemms: bool,
     /// Tokens per KV page; a multiple of 16.
     pub kvcache_block_size: usize,
     /// KV pages to allocate; -1 sizes them from memory.
@@ -92,7 +89,6 @@ impl Default for Config {
             tensor_parallel_size: 1,
             enforce_eager: false,
             overlap_scheduling: true,
-            tune_gemms: false,
             kvcache_block_size: 256,
             num_kvcache_blocks: -1,
             device: Device::Auto,

@@ -110,7 +110,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
             chunk_size: config.chunked_prefill_size,
-            enable_prefix_cache: config.enable_prefix_caching,
+            enable_prefix_caching: config.enable_prefix_caching,
             batching: Batching::Continuous,
             max_model_len: config.max_model_len,
         };

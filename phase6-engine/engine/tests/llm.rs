@@ -3,7 +3,6 @@
 //! input is a clear error while the other requests go on.
 
 use phase6::{Config, Device, Error, FinishReason, LLM, Prompt, SamplingParams};
-use serde_json::Value;
 
 fn config() -> Config {
     Config {
@@ -29,19 +28,11 @@ fn greedy(n: usize) -> SamplingParams {
 #[test]
 fn greedy_generate_equals_the_transformers_fixtures() {
     let path = phase2::models_dir().join("fixtures/tiny-shakespeare.json");
-    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let cases: Vec<(Vec<u32>, Vec<u32>)> = fixture["cases"]
-        .as_array()
+    let cases: Vec<(Vec<u32>, Vec<u32>)> = phase2::Fixture::read(&path)
         .unwrap()
-        .iter()
-        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
+        .cases
+        .into_iter()
+        .map(|c| (c.prompt, c.greedy))
         .collect();
     let mut llm = llm();
     let prompts: Vec<Prompt> = cases

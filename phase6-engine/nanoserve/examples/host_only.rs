@@ -72,7 +72,7 @@ fn main() -> Result<(), Error> {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             chunk_size: Some(2048),
-            enable_prefix_cache: prefix_cache,
+            enable_prefix_caching: prefix_cache,
             batching: Batching::Continuous,
             max_model_len: 4096,
         };

@@ -93,7 +93,7 @@ fn modes(spec: &ReportSpec, base: &Config) -> Vec<(&'static str, SchedulerConfig
         max_num_batched_tokens: base.max_num_batched_tokens,
         max_num_seqs: spec.seats,
         chunk_size: None,
-        enable_prefix_cache: false,
+        enable_prefix_caching: false,
         batching: Batching::Continuous,
         max_model_len: base.max_model_len,
     };
@@ -124,7 +124,7 @@ fn modes(spec: &ReportSpec, base: &Config) -> Vec<(&'static str, SchedulerConfig
             "+ radix cache",
             SchedulerConfig {
                 chunk_size: Some(spec.chunk_size),
-                enable_prefix_cache: true,
+                enable_prefix_caching: true,
                 ..plain
             },
         ),

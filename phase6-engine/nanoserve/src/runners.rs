@@ -78,7 +78,6 @@ fn gpu_runner(
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_num_seqs: config.max_num_seqs,
         enforce_eager: config.enforce_eager,
-        tune_gemms: config.tune_gemms,
         ..CudaOptions::default()
     };
     let runner = CudaRunner::new(&model_config, weights, options)?;

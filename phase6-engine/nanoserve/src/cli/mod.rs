@@ -93,9 +93,6 @@ pub struct ModelArgs {
     /// Run one step at a time: no deciding the next decode step while one runs on the GPU
     #[arg(long)]
     pub no_overlap: bool,
-    /// Time cuBLASLt's GEMM algorithms at start and keep the fastest (experimental)
-    #[arg(long)]
-    pub tune_gemms: bool,
     /// Seed for requests that bring none (default: random)
     #[arg(long)]
     pub engine_seed: Option<u64>,
@@ -111,7 +108,6 @@ impl ModelArgs {
             tensor_parallel_size: 1,
             enforce_eager: self.enforce_eager,
             overlap_scheduling: !self.no_overlap,
-            tune_gemms: self.tune_gemms,
             kvcache_block_size: self.kvcache_block_size,
             num_kvcache_blocks: self.num_kvcache_blocks,
             device: self.device.parse::<Device>()?,

@@ -12,8 +12,9 @@ use crate::harness::start;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("phase6-engine sits in the workspace")
+        .ancestors()
+        .nth(2)
+        .expect("phase6-engine/server sits in the workspace")
         .to_path_buf()
 }
 
