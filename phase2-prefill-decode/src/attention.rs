@@ -3,10 +3,7 @@
 //! Attention for one query reads every key and value it may see through the sequence's page
 //! lists (vLLM's PagedAttention). It is computed *online* (FlashAttention): keys arrive page by
 //! page and a running maximum `m`, sum `l` and weighted sum `acc` are updated, so no full row
-//! of scores is ever stored. The same state after two different sets of keys can be merged
-//! exactly by their log-sum-exp (FlashInfer's "merge states"): that is what lets a shared
-//! prefix be attended once for many queries (cascade attention) and merged with each query's
-//! own part.
+//! of scores is ever stored.
 
 use phase1::BlockTable;
 use rayon::prelude::*;
@@ -56,26 +53,6 @@ impl AttnState {
         // END SOLUTION
     }
 
-    /// Merges `other` (same pairs, other keys) into `self`: the result is the state over
-    /// both sets of keys, exactly.
-    pub fn merge(&mut self, other: &AttnState) {
-        // BEGIN SOLUTION
-        let d = self.head_dim;
-        for i in 0..self.m.len() {
-            let m = self.m[i].max(other.m[i]);
-            if m == f32::NEG_INFINITY {
-                continue;
-            }
-            let (a, b) = ((self.m[i] - m).exp(), (other.m[i] - m).exp());
-            self.l[i] = self.l[i] * a + other.l[i] * b;
-            for j in 0..d {
-                self.acc[i * d + j] = self.acc[i * d + j] * a + other.acc[i * d + j] * b;
-            }
-            self.m[i] = m;
-        }
-        // END SOLUTION
-    }
-
     /// The attention output of pair `i`: the weighted mean of the values.
     pub fn output(&self, i: usize) -> impl Iterator<Item = f32> + '_ {
         let d = self.head_dim;
@@ -99,11 +76,6 @@ impl AttnState {
             }
         }
         out
-    }
-
-    /// log-sum-exp of the scores seen by pair `i`.
-    pub fn lse(&self, i: usize) -> f32 {
-        self.m[i] + self.l[i].ln()
     }
 }
 

@@ -4,7 +4,7 @@
 //! Cascade attention replaces only the attention of each layer ([`phase2::BatchAttention`]):
 //! the queries of every sequence of a group are attended to the shared segment at once, each
 //! sequence attends to its other segments alone, and the two partial states are merged by
-//! log-sum-exp, which is exact.
+//! log-sum-exp ([`merge_states`], FlashInfer's "merge states"), which is exact.
 
 use phase1::{BlockTable, KvLayout};
 use phase2::attention::{AttnState, Queries, attend_segment};
@@ -104,13 +104,35 @@ impl BatchAttention for CascadeAttention<'_> {
             .map(|(i, shared)| {
                 let mut state = a.sequence_state(i, |k| shared.iter().all(|(seg, _)| *seg != k));
                 for (_, part) in &shared {
-                    state.merge(part);
+                    merge_states(&mut state, part);
                 }
                 state.rows(nh)
             })
             .collect();
         outputs.concat()
     }
+}
+
+/// Merges `other` (the same (query, head) pairs, attended to other keys) into `state`: the
+/// result is the state over both sets of keys, exactly. With `m` the running maximum, `l` the
+/// sum of `e^(s - m)` and `acc` the sum of `e^(s - m) v`, both sides are rescaled to the larger
+/// maximum and added.
+pub fn merge_states(state: &mut AttnState, other: &AttnState) {
+    // BEGIN SOLUTION
+    let d = state.head_dim;
+    for i in 0..state.m.len() {
+        let m = state.m[i].max(other.m[i]);
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let (a, b) = ((state.m[i] - m).exp(), (other.m[i] - m).exp());
+        state.l[i] = state.l[i] * a + other.l[i] * b;
+        for j in 0..d {
+            state.acc[i * d + j] = state.acc[i * d + j] * a + other.acc[i * d + j] * b;
+        }
+        state.m[i] = m;
+    }
+    // END SOLUTION
 }
 
 /// The states of tokens `at..at + n` of a `[head][token]` state over `total` tokens.
