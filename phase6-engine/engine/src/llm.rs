@@ -246,6 +246,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
     /// of tokens processed: positive for a step with prefill, negative for a decode-only step
     /// (nano-vllm's convention, which its throughput display relies on).
     pub fn step(&mut self) -> Result<StepResult, Error> {
+        // BEGIN SOLUTION
         let mut finished: Vec<(SeqId, Vec<TokenId>)> =
             self.held.drain(..).map(|f| (f.id, f.output)).collect();
         if self.idle() {
@@ -259,6 +260,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
         };
         finished.extend(out.finished.into_iter().map(|f| (f.id, f.output)));
         Ok((finished, num_tokens))
+        // END SOLUTION
     }
 
     /// Runs one step and returns everything it did (tokens, finished requests with timings).
@@ -292,6 +294,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
         &mut self,
         mine: &HashMap<SeqId, usize>,
     ) -> Result<(StepOutput, Vec<FinishedRequest>), Error> {
+        // BEGIN SOLUTION
         let mut out = self.run_step()?;
         let (own, others): (Vec<_>, Vec<_>) = out
             .finished
@@ -299,6 +302,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
             .partition(|f| mine.contains_key(&f.id));
         self.held.extend(others);
         Ok((out, own))
+        // END SOLUTION
     }
 
     /// Generates a completion for every prompt and returns them in prompt order. With
