@@ -73,6 +73,56 @@ RANDOM_MODELS = [
         "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "intermediate": 256,
         "layers": 2, "tie": True, "rope_theta": 1_000_000.0,
     },
+    # Long-context RoPE scaling and the other families. The original context of each scaled
+    # model is short (128-512 positions) so that the prompts, up to 2,048 tokens, reach far
+    # past it, where the scaled and unscaled frequencies part.
+    {
+        "name": "llama31-rope-llama3",
+        "purpose": "Llama 3.1's RoPE scaling (rope_type llama3, factor 8, low/high frequency "
+                   "factors 1/4, original context 256), untied lm_head, GQA 4 over 2",
+        "arch": "llama", "seed": 105,
+        "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "intermediate": 256,
+        "layers": 2, "tie": False, "rope_theta": 500_000.0,
+        "rope": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+    },
+    {
+        "name": "llama32-tied-llama3",
+        "purpose": "Llama 3.2's layout: tied embeddings and llama3 RoPE scaling with factor 32 "
+                   "(original context 128), head_dim 64, GQA 4 over 1",
+        "arch": "llama", "seed": 106,
+        "hidden": 128, "heads": 4, "kv_heads": 1, "head_dim": 64, "intermediate": 256,
+        "layers": 2, "tie": True, "rope_theta": 500_000.0,
+        "rope": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+    },
+    {
+        "name": "qwen3-yarn",
+        "purpose": "Qwen3 with YaRN (factor 4, original context 512, beta 32/1, attention "
+                   "factor 0.1 ln 4 + 1 on cos/sin), head_dim 32, GQA 4 over 2",
+        "arch": "qwen3", "seed": 107,
+        "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "intermediate": 256,
+        "layers": 2, "tie": True, "rope_theta": 1_000_000.0,
+        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    },
+    {
+        "name": "qwen25-yarn",
+        "purpose": "Qwen2.5 (q/k/v biases) with YaRN factor 4 over an original context of 512, "
+                   "untied lm_head",
+        "arch": "qwen2", "seed": 108,
+        "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "intermediate": 256,
+        "layers": 2, "tie": False, "rope_theta": 1_000_000.0,
+        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    },
+    {
+        "name": "mistral-linear",
+        "purpose": "MistralForCausalLM (no sliding window) with linear RoPE scaling (position "
+                   "interpolation, factor 2), GQA 4 over 2, untied lm_head",
+        "arch": "mistral", "seed": 109,
+        "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "intermediate": 256,
+        "layers": 2, "tie": False, "rope_theta": 1_000_000.0,
+        "rope": {"rope_type": "linear", "factor": 2.0},
+    },
 ]
 
 
@@ -85,6 +135,9 @@ def parse_args():
     p.add_argument("--out", default=os.path.join(root, "models", "fixtures"))
     p.add_argument("--data", default=os.path.normpath(os.path.join(root, "..", "shared", "data", "tinyshakespeare.txt")),
                    help="the corpus; long prompts are cut from its validation part")
+    p.add_argument("--only", default="",
+                   help="comma-separated names of the random checkpoints to (re)write; "
+                        "the trained model's fixture is then left as it is")
     return p.parse_args()
 
 
@@ -110,6 +163,9 @@ def make_config(spec, vocab, eos):
         cls, extra = Qwen3Config, dict(head_dim=spec["head_dim"], attention_bias=False, use_sliding_window=False)
     elif spec["arch"] == "llama":
         cls, extra = LlamaConfig, dict(head_dim=spec["head_dim"], attention_bias=False, mlp_bias=False)
+    elif spec["arch"] == "mistral":
+        from transformers import MistralConfig
+        cls, extra = MistralConfig, dict(head_dim=spec["head_dim"], sliding_window=None)
     elif spec["arch"] == "qwen2":
         # Qwen2 has no head_dim setting: it is always hidden_size / heads.
         assert spec["hidden"] // spec["heads"] == spec["head_dim"]
@@ -117,10 +173,12 @@ def make_config(spec, vocab, eos):
     else:
         raise ValueError(spec["arch"])
     theta = spec["rope_theta"]
+    rope = dict(spec.get("rope", {"rope_type": "default"}))
     try:
-        return cls(rope_parameters={"rope_type": "default", "rope_theta": theta}, **common, **extra)
+        return cls(rope_parameters={**rope, "rope_theta": theta}, **common, **extra)
     except TypeError:
-        return cls(rope_theta=theta, **common, **extra)
+        scaling = None if rope["rope_type"] == "default" else rope
+        return cls(rope_theta=theta, rope_scaling=scaling, **common, **extra)
 
 
 def randomise(model, seed):
@@ -152,10 +210,15 @@ def normalise_config(path):
         cfg = json.load(f)
     cfg["torch_dtype"] = "bfloat16"
     cfg["dtype"] = "bfloat16"
-    rp = cfg.get("rope_parameters") or {}
+    rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = cfg.get("rope_theta", rp.get("rope_theta"))
+    rp["rope_type"] = rp.get("rope_type", rp.pop("type", "default"))
+    rp["rope_theta"] = theta
     cfg["rope_theta"] = theta
-    cfg["rope_parameters"] = {"rope_type": rp.get("rope_type", "default"), "rope_theta": theta}
+    cfg["rope_parameters"] = rp
+    # transformers 4 reads the scaling from `rope_scaling` (theta stays outside it).
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if rp["rope_type"] == "default" else scaling
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -351,15 +414,22 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     models_root = os.path.dirname(os.path.abspath(args.out))
 
+    only = {n for n in args.only.split(",") if n}
+    unknown = only - {spec["name"] for spec in RANDOM_MODELS}
+    if unknown:
+        raise SystemExit(f"--only names no random checkpoint: {sorted(unknown)}")
     name = os.path.basename(os.path.normpath(args.model_dir))
-    print(f"{name}:", flush=True)
-    write_fixture(name, os.path.abspath(args.model_dir), models_root, os.path.join(args.out, f"{name}.json"),
-                  cases, "the trained default model", tok)
+    if not only:
+        print(f"{name}:", flush=True)
+        write_fixture(name, os.path.abspath(args.model_dir), models_root,
+                      os.path.join(args.out, f"{name}.json"), cases, "the trained default model", tok)
 
     # The random models use fewer, cheaper prompts but keep the context-limit one.
     wanted = {"short", "chat", "passage-200", "near-limit"}
     small_cases = [c for c in cases if c[0] in wanted]
     for spec in RANDOM_MODELS:
+        if only and spec["name"] not in only:
+            continue
         folder = os.path.join(args.out, spec["name"])
         write_random_checkpoint(spec, args.model_dir, folder, tok.get_vocab_size(), eos_ids)
         print(f"{spec['name']}:", flush=True)

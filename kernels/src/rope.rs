@@ -29,7 +29,10 @@ pub struct RopeStore<'a> {
     pub q_norm: Option<CudaView<'a, bf16>>,
     pub k_norm: Option<CudaView<'a, bf16>>,
     pub num_q_heads: usize,
-    pub rope_theta: f32,
+    /// `f32[head_dim / 2]`: the model's RoPE frequencies (scaling applied).
+    pub inv_freq: CudaView<'a, f32>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    pub attention_factor: f32,
     pub norm_eps: f32,
 }
 
@@ -63,6 +66,7 @@ pub fn qk_norm_rope_store(
     for norm in [&args.q_norm, &args.k_norm].into_iter().flatten() {
         check::at_least(K, "norm weight", norm.len(), d)?;
     }
+    check::at_least(K, "inv_freq", args.inv_freq.len(), d / 2)?;
     if t == 0 {
         return Ok(());
     }
@@ -84,6 +88,7 @@ pub fn qk_norm_rope_store(
         args.q_norm.as_ref().map_or(0, |w| gpu.ptr(w)),
         args.k_norm.as_ref().map_or(0, |w| gpu.ptr(w)),
     ];
+    let inv_freq = gpu.ptr(&args.inv_freq);
     let ints = [
         check::int(K, "num_q_heads", hq)?,
         check::int(K, "num_kv_heads", hkv)?,
@@ -98,7 +103,10 @@ pub fn qk_norm_rope_store(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&args.norm_eps).arg(&args.rope_theta);
+    launch
+        .arg(&args.norm_eps)
+        .arg(&inv_freq)
+        .arg(&args.attention_factor);
     let blocks = (t as u32, heads.div_ceil(WARPS) as u32, 1);
     unsafe { launch.launch(grid(blocks, (WARPS * 32) as u32)) }.during(K)?;
     Ok(())
@@ -109,8 +117,8 @@ const COPY: &str = "copy_kv_rotated";
 /// Copies the K/V of `tokens` tokens of one layer from `src_slots` to `dst_slots` (`i32[tokens,
 /// 2]`, (page id, offset) as in [`RopeStore::slots`]), turning every key by `shift` positions:
 /// K/V computed at positions `0..n` becomes that of the same tokens at `shift..shift + n`
-/// (RoPE rotations compose). The two slot sets must not share a page; slots outside the cache
-/// copy nothing.
+/// (RoPE rotations compose; `inv_freq` is the model's `f32[head_dim / 2]` table). The two slot
+/// sets must not share a page; slots outside the cache copy nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn copy_kv_rotated(
     gpu: &Gpu,
@@ -118,7 +126,7 @@ pub fn copy_kv_rotated(
     dst_slots: &impl DevicePtr<i32>,
     tokens: usize,
     shift: i64,
-    rope_theta: f32,
+    inv_freq: &impl DevicePtr<f32>,
     cache: CacheShape,
     k_cache: &mut impl DevicePtrMut<bf16>,
     v_cache: &mut impl DevicePtrMut<bf16>,
@@ -126,6 +134,7 @@ pub fn copy_kv_rotated(
     cache.check(COPY, k_cache.len(), v_cache.len())?;
     check::at_least(COPY, "src_slots", src_slots.len(), 2 * tokens)?;
     check::at_least(COPY, "dst_slots", dst_slots.len(), 2 * tokens)?;
+    check::at_least(COPY, "inv_freq", inv_freq.len(), cache.head_dim / 2)?;
     // The angle is computed in f32 from the shift, as the forward pass does from positions.
     if shift.unsigned_abs() > 1 << 24 {
         return Err(check::invalid(
@@ -149,6 +158,7 @@ pub fn copy_kv_rotated(
         gpu.ptr_mut(v_cache),
         gpu.ptr(src_slots),
         gpu.ptr(dst_slots),
+        gpu.ptr(inv_freq),
     ];
     let ints = [
         check::int(COPY, "num_kv_heads", cache.num_kv_heads)?,
@@ -164,7 +174,7 @@ pub fn copy_kv_rotated(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&shift).arg(&rope_theta);
+    launch.arg(&shift);
     let blocks = (
         tokens as u32,
         (2 * cache.num_kv_heads).div_ceil(WARPS) as u32,

@@ -1,5 +1,6 @@
 //! q/k RMSNorm + RoPE + paged K/V store against a CPU reference, and a check that nothing but
-//! the given slots of the cache is written.
+//! the given slots of the cache is written. The rotation follows the frequency table it is
+//! given (here a rescaled one with an attention factor, as YaRN's), not `theta` alone.
 
 mod common;
 
@@ -7,22 +8,30 @@ use common::*;
 use kernels::paged::CacheShape;
 use kernels::rope::{RopeStore, qk_norm_rope_store};
 
-/// Reference of one head: optional RMSNorm, then rotate_half RoPE (or neither, for v).
-fn reference_head(x: &[f64], w: Option<&[f64]>, pos: f64, theta: f64, rotate: bool) -> Vec<f64> {
+/// A head's rotation: the frequency table, the position and the factor on cos and sin.
+struct Turn<'a> {
+    inv_freq: &'a [f32],
+    pos: f64,
+    scale: f64,
+}
+
+/// Reference of one head: optional RMSNorm, then rotate_half RoPE (neither, for v).
+fn reference_head(x: &[f64], w: Option<&[f64]>, turn: Option<&Turn<'_>>) -> Vec<f64> {
     let d = x.len();
     let mut y = x.to_vec();
     if let Some(w) = w {
         let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-6).sqrt();
         y = x.iter().zip(w).map(|(v, g)| v * inv * g).collect();
     }
-    if !rotate {
+    let Some(turn) = turn else {
         return y;
-    }
+    };
     let half = d / 2;
     let mut out = vec![0.0; d];
     for p in 0..half {
-        let angle = pos * theta.powf(-2.0 * p as f64 / d as f64);
+        let angle = turn.pos * turn.inv_freq[p] as f64;
         let (s, c) = angle.sin_cos();
+        let (s, c) = (s * turn.scale, c * turn.scale);
         out[p] = y[p] * c - y[p + half] * s;
         out[p + half] = y[p + half] * c + y[p] * s;
     }
@@ -47,7 +56,14 @@ fn rope_store_matches_reference_for_each_head_dim() {
         };
         let t = 21;
         let heads = hq + 2 * hkv;
-        let theta = 1_000_000.0f32;
+        // theta 1e6 with the slower half of the pairs interpolated 4x, and a factor on cos/sin.
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|p| {
+                let f = 1e6f64.powf(-2.0 * p as f64 / d as f64);
+                (if 2 * p < d / 2 { f } else { f / 4.0 }) as f32
+            })
+            .collect();
+        let attention_factor = 1.1386f32;
         let qkv = to_bf16(&rng.normals(t * heads * d, 1.0));
         let positions: Vec<i32> = (0..t).map(|_| rng.below(5000) as i32).collect();
         let mut all_slots: Vec<(i32, i32)> = (0..shape.num_pages * ps)
@@ -64,6 +80,7 @@ fn rope_store_matches_reference_for_each_head_dim() {
         let d_pos = gpu.upload(&positions).unwrap();
         let d_slots = gpu.upload(&flat_slots).unwrap();
         let (d_qn, d_kn) = (gpu.upload(&qn).unwrap(), gpu.upload(&kn).unwrap());
+        let d_freq = gpu.upload(&inv_freq).unwrap();
         let mut d_q = gpu.upload(&poison_bf16(t * hq * d)).unwrap();
         let mut d_k = gpu.upload(&poison_bf16(shape.elements())).unwrap();
         let mut d_v = gpu.upload(&poison_bf16(shape.elements())).unwrap();
@@ -73,7 +90,8 @@ fn rope_store_matches_reference_for_each_head_dim() {
             q_norm: with_norm.then(|| d_qn.as_view()),
             k_norm: with_norm.then(|| d_kn.as_view()),
             num_q_heads: hq,
-            rope_theta: theta,
+            inv_freq: d_freq.as_view(),
+            attention_factor,
             norm_eps: 1e-6,
         };
         qk_norm_rope_store(&gpu, &d_qkv, &args, shape, &mut d_q, &mut d_k, &mut d_v).unwrap();
@@ -88,10 +106,14 @@ fn rope_store_matches_reference_for_each_head_dim() {
         let (mut kv_got, mut kv_ref) = (Vec::new(), Vec::new());
         let mut written = vec![false; shape.elements()];
         for tok in 0..t {
-            let pos = positions[tok] as f64;
+            let turn = Turn {
+                inv_freq: &inv_freq,
+                pos: positions[tok] as f64,
+                scale: attention_factor as f64,
+            };
             for h in 0..hq {
                 let w = with_norm.then_some(qnw.as_slice());
-                q_ref.extend(reference_head(head(tok, h), w, pos, theta as f64, true));
+                q_ref.extend(reference_head(head(tok, h), w, Some(&turn)));
             }
             let (page, off) = slots[tok];
             if page < 0 {
@@ -100,21 +122,9 @@ fn rope_store_matches_reference_for_each_head_dim() {
             for kh in 0..hkv {
                 let at = shape.row_offset(page as usize, kh, off as usize);
                 let w = with_norm.then_some(knw.as_slice());
-                kv_ref.extend(reference_head(
-                    head(tok, hq + kh),
-                    w,
-                    pos,
-                    theta as f64,
-                    true,
-                ));
+                kv_ref.extend(reference_head(head(tok, hq + kh), w, Some(&turn)));
                 kv_got.extend(wide(&k[at..at + d]));
-                kv_ref.extend(reference_head(
-                    head(tok, hq + hkv + kh),
-                    None,
-                    pos,
-                    0.0,
-                    false,
-                ));
+                kv_ref.extend(reference_head(head(tok, hq + hkv + kh), None, None));
                 kv_got.extend(wide(&v[at..at + d]));
                 written[at..at + d].iter_mut().for_each(|w| *w = true);
             }

@@ -1,16 +1,19 @@
 //! The model's shape, read from a Hugging Face `config.json`.
 //!
 //! Qwen3 is the first-class architecture (RMSNorm, RoPE, grouped-query attention with an
-//! RMSNorm on each query and key head, SwiGLU MLP). Qwen2 and Llama differ only in small ways
-//! handled by two flags: Qwen2 has biases on the q/k/v projections and no q/k norm; Llama has
-//! neither. Both spellings of newer and older `transformers` files are accepted
-//! (`rope_theta` or `rope_parameters.rope_theta`, `torch_dtype` or `dtype`).
+//! RMSNorm on each query and key head, SwiGLU MLP). Qwen2/2.5, Llama 3.x and Mistral differ only
+//! in small ways handled by two flags: Qwen2 has biases on the q/k/v projections and no q/k
+//! norm; Llama and Mistral have neither. Both spellings of newer and older `transformers` files
+//! are accepted (`rope_theta` and `rope_scaling`, or `rope_parameters` holding both;
+//! `torch_dtype` or `dtype`). Long-context RoPE scaling is read here and turned into the
+//! frequency table once (see [`crate::rope`]).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 use crate::error::Error;
+use crate::rope::{RopeFrequencies, RopeScaling};
 
 /// The decoder families this crate runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +21,7 @@ pub enum Architecture {
     Qwen3,
     Qwen2,
     Llama,
+    Mistral,
 }
 
 /// Everything the forward pass needs to know about the model's shape.
@@ -33,7 +37,14 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
+    /// The long-context rescaling the config asks for.
+    pub rope_scaling: RopeScaling,
+    /// The rotation table, computed once from `rope_theta` and `rope_scaling`.
+    pub rope: RopeFrequencies,
     pub max_position_embeddings: usize,
+    /// Sliding-window attention's window, where the config enables one: this engine attends to
+    /// the whole context, so the engine refuses contexts longer than the window.
+    pub sliding_window: Option<usize>,
     pub tie_word_embeddings: bool,
     /// Biases on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
@@ -41,12 +52,6 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// End-of-sequence ids named by the config (the tokenizer may add more).
     pub eos_token_ids: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct RopeParameters {
-    rope_theta: Option<f64>,
-    rope_type: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -62,8 +67,10 @@ struct RawConfig {
     head_dim: Option<usize>,
     rms_norm_eps: f64,
     rope_theta: Option<f64>,
-    rope_parameters: Option<RopeParameters>,
+    rope_parameters: Option<serde_json::Value>,
     rope_scaling: Option<serde_json::Value>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
     max_position_embeddings: usize,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
@@ -105,36 +112,36 @@ impl ModelConfig {
             "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
             "LlamaForCausalLM" | "llama" => Architecture::Llama,
+            "MistralForCausalLM" | "mistral" => Architecture::Mistral,
             other => {
                 return Err(Error::model_load(
                     path,
                     format!(
-                        "unknown architecture {other:?} (supported: Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM)"
+                        "unknown architecture {other:?} (supported: Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, MistralForCausalLM)"
                     ),
                 ));
             }
         };
         let bad = |reason: String| Err(Error::model_load(path, reason));
-        if let Some(scaling) = &raw.rope_scaling
-            && !scaling.is_null()
-        {
-            return bad(format!("rope_scaling {scaling} is not supported"));
-        }
-        let rope_type = raw
-            .rope_parameters
-            .as_ref()
-            .and_then(|r| r.rope_type.clone());
-        if let Some(t) = rope_type
-            && t != "default"
-        {
-            return bad(format!(
-                "rope_type {t:?} is not supported (only \"default\")"
-            ));
-        }
+        let parameters = raw.rope_parameters.as_ref().filter(|v| !v.is_null());
         let rope_theta = raw
             .rope_theta
-            .or(raw.rope_parameters.as_ref().and_then(|r| r.rope_theta))
+            .or(parameters.and_then(|p| p.get("rope_theta")?.as_f64()))
             .unwrap_or(10_000.0);
+        // The older `rope_scaling` wins where both are written: transformers 5 derives
+        // `rope_parameters` from it.
+        let rope_scaling = match raw
+            .rope_scaling
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .or(parameters)
+        {
+            Some(v) => match RopeScaling::from_json(v, raw.max_position_embeddings) {
+                Ok(s) => s,
+                Err(reason) => return bad(reason),
+            },
+            None => RopeScaling::None,
+        };
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         let head_dim = raw
             .head_dim
@@ -164,7 +171,25 @@ impl ModelConfig {
             head_dim,
             rms_norm_eps: raw.rms_norm_eps as f32,
             rope_theta: rope_theta as f32,
-            max_position_embeddings: raw.max_position_embeddings,
+            rope: RopeFrequencies::new(head_dim, rope_theta, &rope_scaling),
+            max_position_embeddings: match rope_scaling {
+                // YaRN configs keep the trained length here; the scaled context is the factor
+                // times the original (how vLLM derives its longest context too).
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    ..
+                } => raw
+                    .max_position_embeddings
+                    .max((factor * original) as usize),
+                _ => raw.max_position_embeddings,
+            },
+            rope_scaling,
+            // Qwen2/3 configs carry a window with `use_sliding_window: false`; Mistral has no
+            // switch: a window that is set is used.
+            sliding_window: raw
+                .sliding_window
+                .filter(|_| raw.use_sliding_window != Some(false)),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias: raw
                 .attention_bias
@@ -246,9 +271,14 @@ mod tests {
         );
         let scaled = QWEN3.replace(
             "\"eos_token_id\"",
-            "\"rope_scaling\":{\"type\":\"yarn\"},\"eos_token_id\"",
+            "\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":2.0},\"eos_token_id\"",
         );
         let err = ModelConfig::from_json(&scaled, Path::new("c.json")).unwrap_err();
-        assert!(err.to_string().contains("rope_scaling"), "{err}");
+        assert!(
+            err.to_string().contains(
+                "rope type \"dynamic\" is not supported (supported: default, linear, llama3, yarn)"
+            ),
+            "{err}"
+        );
     }
 }

@@ -13,7 +13,7 @@ use crate::attention::{AttnState, Queries, attend_segment};
 use crate::error::Error;
 use crate::kv_store::KvStore;
 use crate::model::Model;
-use crate::ops::{apply_rope, matmul, rms_norm, rope_tables, silu_mul};
+use crate::ops::{apply_rope, matmul, rms_norm, silu_mul};
 use crate::runner::{BatchLimits, ForwardBatch, Logits, ModelRunner, validate_batch};
 
 /// What the attention of one layer reads: the K/V store (this step's K/V already written),
@@ -264,7 +264,7 @@ impl CpuRunner {
                 x.extend_from_slice(&self.model.embed[tok as usize * h..(tok as usize + 1) * h]);
             }
         }
-        let (cos, sin) = rope_tables(&positions, c.head_dim, c.rope_theta);
+        let (cos, sin) = c.rope.tables(&positions);
         for l in 0..c.num_layers {
             self.layer(l, &mut x, batch, &offsets, (&cos, &sin), attention);
         }

@@ -21,6 +21,7 @@ mod model;
 pub mod ops;
 mod paths;
 mod prefill_manager;
+pub mod rope;
 mod runner;
 pub mod sampler;
 mod seq_state;
@@ -37,6 +38,7 @@ pub use kv_store::KvStore;
 pub use model::{Layer, Model};
 pub use paths::{default_model_dir, models_dir};
 pub use prefill_manager::{PrefillConfig, PrefillManager};
+pub use rope::{RopeFrequencies, RopeScaling};
 pub use runner::{
     BatchLimits, ForwardBatch, ForwardSeq, Logits, ModelRunner, SampleSpec, validate_batch,
     validate_segments,

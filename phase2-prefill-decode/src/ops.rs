@@ -88,24 +88,6 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     // END SOLUTION
 }
 
-/// cos and sin of every rotation angle for each position: `[positions][head_dim / 2]` each.
-pub fn rope_tables(positions: &[usize], head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|i| (theta as f64).powf(-((2 * i) as f64) / head_dim as f64))
-        .collect();
-    let mut cos = Vec::with_capacity(positions.len() * half);
-    let mut sin = Vec::with_capacity(positions.len() * half);
-    for &p in positions {
-        for f in &inv_freq {
-            let angle = p as f64 * f;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    (cos, sin)
-}
-
 /// Rotates one head vector by its position's angles: pairs `(i, i + d/2)` turn by angle `i`.
 pub fn apply_rope(head: &mut [f32], cos: &[f32], sin: &[f32]) {
     // BEGIN SOLUTION
@@ -153,7 +135,8 @@ mod tests {
 
     #[test]
     fn rope_is_a_rotation_and_position_zero_is_identity() {
-        let (cos, sin) = rope_tables(&[0, 7], 4, 10_000.0);
+        let rope = crate::RopeFrequencies::new(4, 10_000.0, &crate::RopeScaling::None);
+        let (cos, sin) = rope.tables(&[0, 7]);
         let mut v = [1.0, 2.0, 3.0, 4.0];
         apply_rope(&mut v, &cos[..2], &sin[..2]);
         assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);

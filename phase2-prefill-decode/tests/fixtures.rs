@@ -1,7 +1,8 @@
 //! The Rust forward pass against reference outputs computed with Hugging Face `transformers`
 //! (see `tools/reference_outputs.py`): for the embedded model and random checkpoints that
 //! differ where implementations go wrong (head_dim, kv heads, untied head, rope theta, Llama,
-//! Qwen2 biases), the last prefill logits within 1e-3 relative error and 32 greedy tokens equal.
+//! Qwen2 biases, Llama 3 and YaRN RoPE scaling, Mistral), the last prefill logits within 2e-4
+//! relative error (the largest measured is 9e-5) and 32 greedy tokens equal.
 
 mod common;
 
@@ -41,7 +42,7 @@ fn forward_pass_matches_transformers_on_every_fixture() {
             let (logits, tokens) = greedy(model.clone(), &case.prompt, case.greedy.len(), 16);
             let err = rel_error(&logits, &case.logits);
             assert!(
-                err < 1e-3,
+                err < 2e-4,
                 "{label}: last logits differ, relative error {err:.2e}"
             );
             // Tokens must agree; only a reference near-tie (gap < 1e-3) could excuse a change.

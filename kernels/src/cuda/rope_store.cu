@@ -2,7 +2,9 @@
 //   1. optional RMSNorm of every q and k head (Qwen3's q_norm / k_norm; Llama has none),
 //   2. rotary position embedding (Su et al., RoFormer) on q and k, in the Hugging Face
 //      "rotate_half" layout: element i is paired with element i + D/2, and the pair is turned
-//      by the angle position * theta^(-2i/D),
+//      by the angle position * inv_freq[i]. The frequencies are the model's table, computed on
+//      the host once (theta^(-2i/D), rescaled for long contexts by llama3 / YaRN / linear
+//      RoPE scaling), and cos and sin are multiplied by its attention factor (YaRN's),
 //   3. the rotated q goes to q_out [T, Hq, D]; the rotated k and the plain v are stored into the
 //      paged KV cache at the token's slot, so attention never needs a separate copy kernel.
 //
@@ -13,10 +15,10 @@
 // Grid: (T, ceil((Hq + 2 Hkv) / WARPS)); each warp handles one head of one token. Lane l owns
 // the rotation pairs (p, p + D/2) for p = l, l + 32, ... so a pair never crosses threads.
 // The warps of a block share one token, so the block computes the token's D/2 angles once
-// (RopeAngles) and every head it rotates reads them: the precise powf and sincosf cost more
-// than moving a head, and there are up to Hq + Hkv heads to rotate per token.
+// (RopeAngles) and every head it rotates reads them: the precise sincosf costs more than moving
+// a head, and there are up to Hq + Hkv heads to rotate per token.
 
-// cos and sin of pair p's angle, position * theta^(-2p/D), for one position.
+// cos and sin of pair p's angle, position * inv_freq[p], times a scale, for one position.
 template <int D>
 struct RopeAngles {
     float cos[D / 2];
@@ -25,12 +27,15 @@ struct RopeAngles {
 
 // Fills `a` for `position`; it synchronises the block, so every thread of it must get here.
 template <int D>
-__device__ __forceinline__ void rope_angles(RopeAngles<D>& a, float position, float theta) {
+__device__ __forceinline__ void rope_angles(RopeAngles<D>& a, float position,
+                                            const float* __restrict__ inv_freq, float scale) {
     for (int p = threadIdx.x; p < D / 2; p += blockDim.x) {
-        // Precise powf and sincosf: angles reach tens of thousands of radians for long
-        // contexts, where the fast approximations lose all accuracy.
-        const float inv_freq = 1.f / powf(theta, (float)(2 * p) / (float)D);
-        sincosf(position * inv_freq, &a.sin[p], &a.cos[p]);
+        // Precise sincosf: angles reach tens of thousands of radians for long contexts, where
+        // the fast approximation loses all accuracy.
+        float s, c;
+        sincosf(position * inv_freq[p], &s, &c);
+        a.sin[p] = s * scale;
+        a.cos[p] = c * scale;
     }
     __syncthreads();
 }
@@ -94,14 +99,15 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
                                                    int page_size,
                                                    int num_pages,
                                                    float eps,
-                                                   float theta) {
+                                                   const float* __restrict__ inv_freq,
+                                                   float attention_factor) {
     const int t = blockIdx.x;
     const int first_head = blockIdx.y * (blockDim.x / 32);
     const int head = first_head + (threadIdx.x >> 5);
     const int heads = num_q_heads + 2 * num_kv_heads;
     __shared__ RopeAngles<D> angles;
     if (first_head < num_q_heads + num_kv_heads) {  // the same for the whole block
-        rope_angles<D>(angles, (float)positions[t], theta);
+        rope_angles<D>(angles, (float)positions[t], inv_freq, attention_factor);
     }
     if (head >= heads) return;
     const bf16* src = qkv + ((size_t)t * heads + head) * D;
@@ -128,10 +134,11 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
     extern "C" __global__ void qk_norm_rope_store_d##D(                                     \
         const bf16* qkv, bf16* q_out, bf16* k_cache, bf16* v_cache, const int* positions,    \
         const int* slots, const bf16* q_norm_w, const bf16* k_norm_w, int num_q_heads,       \
-        int num_kv_heads, int page_size, int num_pages, float eps, float theta) {            \
+        int num_kv_heads, int page_size, int num_pages, float eps, const float* inv_freq,     \
+        float attention_factor) {                                                            \
         qk_norm_rope_store<D>(qkv, q_out, k_cache, v_cache, positions, slots, q_norm_w,      \
                               k_norm_w, num_q_heads, num_kv_heads, page_size, num_pages, eps, \
-                              theta);                                                        \
+                              inv_freq, attention_factor);                                   \
     }
 
 ROPE_STORE(32)
@@ -142,6 +149,7 @@ ROPE_STORE(128)
 // each key by `shift` positions on the way. RoPE rotations compose, so a key rotated for
 // position p becomes exactly the key for position p + shift (before bf16 rounding): the chunk
 // API's independent mode moves a context prefilled at position 0 behind a prefix this way.
+// The turn is a pure rotation: the attention factor was applied when the key was stored.
 // Slots are (page, offset) pairs as above; the two sets must not share a page.
 // Grid: (n, ceil(2 Hkv / WARPS)); a warp per (token, K head or V head).
 template <int D>
@@ -149,13 +157,14 @@ __device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
                                                 bf16* __restrict__ v_cache,
                                                 const int* __restrict__ src_slots,
                                                 const int* __restrict__ dst_slots,
+                                                const float* __restrict__ inv_freq,
                                                 int num_kv_heads, int page_size, int num_pages,
-                                                float shift, float theta) {
+                                                float shift) {
     const int t = blockIdx.x;
     const int first_head = blockIdx.y * (blockDim.x / 32);
     const int head = first_head + (threadIdx.x >> 5);
     __shared__ RopeAngles<D> angles;  // the same shift for every token
-    if (first_head < num_kv_heads) rope_angles<D>(angles, shift, theta);
+    if (first_head < num_kv_heads) rope_angles<D>(angles, shift, inv_freq, 1.f);
     if (head >= 2 * num_kv_heads) return;
     const int sp = src_slots[2 * t], so = src_slots[2 * t + 1];
     const int dp = dst_slots[2 * t], dof = dst_slots[2 * t + 1];
@@ -172,9 +181,9 @@ __device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
 #define COPY_KV(D)                                                                               \
     extern "C" __global__ void copy_kv_rotated_d##D(                                            \
         bf16* k_cache, bf16* v_cache, const int* src_slots, const int* dst_slots,                \
-        int num_kv_heads, int page_size, int num_pages, float shift, float theta) {             \
-        copy_kv_rotated<D>(k_cache, v_cache, src_slots, dst_slots, num_kv_heads, page_size,      \
-                           num_pages, shift, theta);                                             \
+        const float* inv_freq, int num_kv_heads, int page_size, int num_pages, float shift) {   \
+        copy_kv_rotated<D>(k_cache, v_cache, src_slots, dst_slots, inv_freq, num_kv_heads,       \
+                           page_size, num_pages, shift);                                         \
     }
 
 COPY_KV(32)

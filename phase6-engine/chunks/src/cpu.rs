@@ -154,16 +154,6 @@ fn slice_state(
     out
 }
 
-/// cos and sin of the rotation by a (possibly negative) position shift: `[head_dim / 2]` each.
-fn rope_shift_tables(shift: i64, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    (0..head_dim / 2)
-        .map(|i| {
-            let angle = shift as f64 * (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
-            (angle.cos() as f32, angle.sin() as f32)
-        })
-        .unzip()
-}
-
 impl ModelRunner for CascadeCpuRunner {
     fn kv_layout(&self) -> KvLayout {
         self.inner.kv_layout()
@@ -199,7 +189,7 @@ impl ChunkRunner for CascadeCpuRunner {
         check_copy_kv(src, dst, ps, pages)?;
         let c = self.inner.model().config.clone();
         // One rotation for every token: the angle depends only on the shift.
-        let (cos, sin) = rope_shift_tables(rope_shift, c.head_dim, c.rope_theta);
+        let (cos, sin) = c.rope.shift_tables(rope_shift);
         let store = self.inner.store_mut();
         for layer in 0..c.num_layers {
             for i in 0..src.num_tokens() {

@@ -30,7 +30,8 @@ pub(crate) struct Dims {
     pub inter: usize,
     pub vocab: usize,
     pub eps: f32,
-    pub rope_theta: f32,
+    /// What RoPE's cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    pub rope_attention_factor: f32,
 }
 
 impl Dims {
@@ -44,7 +45,7 @@ impl Dims {
             inter: c.intermediate_size,
             vocab: c.vocab_size,
             eps: c.rms_norm_eps,
-            rope_theta: c.rope_theta,
+            rope_attention_factor: c.rope.attention_factor,
         }
     }
 
@@ -237,7 +238,17 @@ pub(crate) fn run(
     gather::embedding(gpu, &s.ids, &w.embed, m.vocab, &mut a.resid, m.hidden)?;
     let mut mlp_out = None;
     for (l, layer) in w.layers.iter().enumerate() {
-        mlp_out = Some(decoder_layer(gpu, m, l, layer, a, kv, s, mlp_out)?);
+        mlp_out = Some(decoder_layer(
+            gpu,
+            m,
+            l,
+            layer,
+            &w.rope_inv_freq,
+            a,
+            kv,
+            s,
+            mlp_out,
+        )?);
     }
     match mlp_out {
         Some(out) => add_norm(gpu, m, a, out, &w.final_norm, t)?,
@@ -327,6 +338,7 @@ fn decoder_layer(
     m: &Dims,
     l: usize,
     w: &LayerWeights,
+    rope_inv_freq: &CudaSlice<f32>,
     a: &mut Activations,
     kv: &mut KvCache,
     s: &StepInputs<'_>,
@@ -348,7 +360,8 @@ fn decoder_layer(
         q_norm: w.q_norm.as_ref().map(CudaSlice::as_view),
         k_norm: w.k_norm.as_ref().map(CudaSlice::as_view),
         num_q_heads: m.heads,
-        rope_theta: m.rope_theta,
+        inv_freq: rope_inv_freq.as_view(),
+        attention_factor: m.rope_attention_factor,
         norm_eps: m.eps,
     };
     {
@@ -369,9 +382,11 @@ fn decoder_layer(
 
 /// Copies the K/V of `tokens` tokens from `src_slots` to `dst_slots` (`i32[tokens, 2]`) in
 /// every layer, keys turned by `shift` positions (see `kernels::rope::copy_kv_rotated`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn copy_kv_rotated(
     gpu: &Gpu,
     m: &Dims,
+    rope_inv_freq: &CudaSlice<f32>,
     kv: &mut KvCache,
     src_slots: &CudaSlice<i32>,
     dst_slots: &CudaSlice<i32>,
@@ -387,7 +402,7 @@ pub(crate) fn copy_kv_rotated(
             dst_slots,
             tokens,
             shift,
-            m.rope_theta,
+            rope_inv_freq,
             shape,
             &mut k,
             &mut v,

@@ -531,8 +531,17 @@ impl ChunkRunner for CudaRunner {
             gpu.upload(&slots(src)).map_err(device_error)?,
             gpu.upload(&slots(dst)).map_err(device_error)?,
         );
-        forward::copy_kv_rotated(gpu, &self.dims, &mut self.kv, &d_src, &d_dst, n, rope_shift)
-            .map_err(device_error)?;
+        forward::copy_kv_rotated(
+            gpu,
+            &self.dims,
+            &self.weights.rope_inv_freq,
+            &mut self.kv,
+            &d_src,
+            &d_dst,
+            n,
+            rope_shift,
+        )
+        .map_err(device_error)?;
         // Chunk registration is rare: wait, so that the slot arrays outlive the copies.
         gpu.synchronize().map_err(device_error)
     }

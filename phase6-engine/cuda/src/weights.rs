@@ -31,6 +31,8 @@ pub(crate) struct DeviceWeights {
     pub final_norm: CudaSlice<bf16>,
     /// `None` when tied to the embedding.
     pub lm_head: Option<CudaSlice<bf16>>,
+    /// `f32[head_dim / 2]`: the RoPE frequency table the config computed (scaling applied).
+    pub rope_inv_freq: CudaSlice<f32>,
     bytes: usize,
 }
 
@@ -90,6 +92,7 @@ impl DeviceWeights {
             final_norm: loader.one("model.norm.weight", &[h])?,
             layers,
             lm_head,
+            rope_inv_freq: gpu.upload(&c.rope.inv_freq).map_err(device_error)?,
             bytes: loader.bytes,
         })
     }

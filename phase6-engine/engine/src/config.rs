@@ -148,6 +148,21 @@ impl Config {
         }
         Ok(())
     }
+
+    /// Refuses a model this config cannot serve faithfully: one whose sliding-window attention
+    /// is shorter than the contexts allowed (this engine attends to the whole context, so past
+    /// the window it would silently compute something the model was not trained for).
+    pub fn validate_for(&self, model: &phase2::ModelConfig) -> Result<(), Error> {
+        let len = self.max_model_len.min(model.max_position_embeddings);
+        match model.sliding_window {
+            Some(window) if window < len => Err(Error::InvalidConfig(format!(
+                "the model uses sliding-window attention over {window} tokens, shorter than \
+                 max_model_len {len}: this engine attends to the whole context, so set \
+                 max_model_len to at most {window}"
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -236,6 +251,28 @@ mod tests {
         }
         .validate()
         .unwrap();
+    }
+
+    #[test]
+    fn a_sliding_window_shorter_than_the_context_is_refused() {
+        let path = phase2::models_dir().join("../configs/mistral-7b-v0.1.json");
+        let model = phase2::ModelConfig::from_file(&path).unwrap();
+        let long = Config {
+            max_model_len: 8192,
+            ..Config::default()
+        };
+        let err = long.validate_for(&model).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config: the model uses sliding-window attention over 4096 tokens, shorter \
+             than max_model_len 8192: this engine attends to the whole context, so set \
+             max_model_len to at most 4096"
+        );
+        let fits = Config {
+            max_model_len: 4096,
+            ..Config::default()
+        };
+        fits.validate_for(&model).unwrap();
     }
 
     #[test]

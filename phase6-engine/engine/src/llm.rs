@@ -63,6 +63,7 @@ impl LLM {
         config: Config,
     ) -> Result<Self, Error> {
         config.validate()?;
+        config.validate_for(&model_config)?;
         if let Device::Cuda(n) = config.device {
             return Err(Error::Cuda(format!(
                 "cuda:{n} asked for, but LLM::new runs the CPU runner: the CUDA runner is \
@@ -97,6 +98,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
         mut config: Config,
     ) -> Result<Self, Error> {
         config.validate()?;
+        config.validate_for(&model_config)?;
         config.max_model_len = config
             .max_model_len
             .min(model_config.max_position_embeddings);
