@@ -39,6 +39,7 @@ pub mod merge;
 pub mod norm;
 pub mod paged;
 pub mod prefill;
+pub mod random;
 pub mod rope;
 pub mod sampling;
 pub mod split_k;
@@ -49,7 +50,7 @@ pub use error::{Error, Result};
 pub use source::Source;
 
 pub use cudarc::driver::{
-    CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    CudaEvent, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
     PinnedHostSlice, ValidAsZeroBits,
 };
 pub use half::bf16;

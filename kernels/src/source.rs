@@ -16,10 +16,11 @@ pub enum Source {
     Sampling,
     Bias,
     SplitK,
+    Random,
 }
 
 impl Source {
-    pub const ALL: [Source; 10] = [
+    pub const ALL: [Source; 11] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
@@ -30,6 +31,7 @@ impl Source {
         Source::Sampling,
         Source::Bias,
         Source::SplitK,
+        Source::Random,
     ];
 
     pub fn file(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Source {
             Source::Sampling => "sampling.cu",
             Source::Bias => "bias.cu",
             Source::SplitK => "split_k.cu",
+            Source::Random => "random.cu",
         }
     }
 
@@ -59,6 +62,7 @@ impl Source {
             Source::Sampling => include_str!("cuda/sampling.cu"),
             Source::Bias => include_str!("cuda/bias.cu"),
             Source::SplitK => include_str!("cuda/split_k.cu"),
+            Source::Random => include_str!("cuda/random.cu"),
         }
     }
 

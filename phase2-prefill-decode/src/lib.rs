@@ -21,6 +21,7 @@ mod model;
 pub mod ops;
 mod paths;
 mod prefill_manager;
+pub mod random_weights;
 pub mod rope;
 mod runner;
 pub mod sampler;

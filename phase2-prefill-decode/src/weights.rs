@@ -5,11 +5,14 @@
 //! until a tensor is read; a tensor is a dtype, a shape and raw little-endian bytes. The CPU
 //! runner converts what it reads to f32; a GPU runner uploads the bf16 bytes as they are.
 //! Random weights (for benchmarks of real architectures whose weights are not at hand, and for
-//! tests) are generated in bf16 from a seed, so both runners see the same numbers.
+//! tests) are generated in bf16 from a seed by [`crate::random_weights`], so both runners see
+//! the same numbers; a tensor is only generated when first read, and a GPU runner can skip the
+//! host entirely and generate them in place ([`Weights::random_seed`]).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -17,6 +20,7 @@ use safetensors::SafeTensors;
 
 use crate::config::ModelConfig;
 use crate::error::Error;
+use crate::random_weights::{Uniform, fill, tensor_key};
 
 /// Number types a checkpoint may store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +81,11 @@ struct Entry {
 
 enum Storage {
     Mapped(Vec<(PathBuf, Mmap)>),
-    Owned(Vec<Vec<u8>>),
+    /// Random tensors, each generated on first read.
+    Random {
+        seed: u64,
+        tensors: Vec<OnceLock<Vec<u8>>>,
+    },
 }
 
 /// The tensors of a model by name.
@@ -169,48 +177,53 @@ impl Weights {
     }
 
     /// Weights of the right names and shapes for `config`, drawn from a seeded generator in
-    /// bf16: matrices with standard deviation `1/sqrt(fan_in)`, norm weights near 1.
+    /// bf16 (see [`Uniform::for_tensor`] for the distributions). Nothing is generated until a
+    /// tensor is read.
     pub fn random(config: &ModelConfig, seed: u64) -> Self {
-        let mut rng = SplitMix(seed);
-        let mut tensors = Vec::new();
-        let mut entries = HashMap::new();
-        for (name, shape) in tensor_shapes(config) {
-            let n: usize = shape.iter().product();
-            let is_norm = name.ends_with("norm.weight");
-            let is_bias = name.ends_with(".bias");
-            let std = if shape.len() == 2 {
-                1.0 / (shape[1] as f32).sqrt()
-            } else {
-                0.02
-            };
-            let mut bytes = Vec::with_capacity(n * 2);
-            for _ in 0..n {
-                let v = if is_norm {
-                    1.0 + 0.1 * rng.normal()
-                } else if is_bias {
-                    0.1 * rng.normal()
-                } else {
-                    std * rng.normal()
-                };
-                bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
-            }
-            entries.insert(
-                name,
-                Entry {
-                    file: tensors.len(),
+        let shapes = tensor_shapes(config);
+        let entries = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, shape))| {
+                let end = 2 * shape.iter().product::<usize>();
+                let entry = Entry {
+                    file: i,
                     dtype: Dtype::BF16,
                     shape,
                     start: 0,
-                    end: bytes.len(),
-                },
-            );
-            tensors.push(bytes);
-        }
+                    end,
+                };
+                (name, entry)
+            })
+            .collect::<HashMap<_, _>>();
+        let tensors = (0..entries.len()).map(|_| OnceLock::new()).collect();
         Self {
-            storage: Storage::Owned(tensors),
+            storage: Storage::Random { seed, tensors },
             entries,
             origin: PathBuf::from(format!("<random weights, seed {seed}>")),
         }
+    }
+
+    /// The seed of random weights (`None` for a checkpoint): a device runner generates them in
+    /// place with the same recipe instead of copying them from the host.
+    pub fn random_seed(&self) -> Option<u64> {
+        match self.storage {
+            Storage::Random { seed, .. } => Some(seed),
+            Storage::Mapped(_) => None,
+        }
+    }
+
+    /// Bytes of every tensor, as stored.
+    pub fn total_bytes(&self) -> usize {
+        self.entries.values().map(|e| e.end - e.start).sum()
+    }
+
+    /// A tensor's shape, without reading (or generating) its values.
+    pub fn shape(&self, name: &str) -> Result<&[usize], Error> {
+        self.entries
+            .get(name)
+            .map(|e| e.shape.as_slice())
+            .ok_or_else(|| Error::model_load(&self.origin, format!("missing tensor {name}")))
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -224,7 +237,7 @@ impl Weights {
     fn file_of(&self, e: &Entry) -> PathBuf {
         match &self.storage {
             Storage::Mapped(maps) => maps[e.file].0.clone(),
-            Storage::Owned(_) => self.origin.clone(),
+            Storage::Random { .. } => self.origin.clone(),
         }
     }
 
@@ -236,7 +249,15 @@ impl Weights {
             .ok_or_else(|| Error::model_load(&self.origin, format!("missing tensor {name}")))?;
         let data = match &self.storage {
             Storage::Mapped(maps) => &maps[e.file].1[e.start..e.end],
-            Storage::Owned(t) => &t[e.file][e.start..e.end],
+            Storage::Random { seed, tensors } => tensors[e.file].get_or_init(|| {
+                let mut bytes = vec![0u8; e.end];
+                fill(
+                    &mut bytes,
+                    tensor_key(*seed, name),
+                    Uniform::for_tensor(name, &e.shape),
+                );
+                bytes
+            }),
         };
         Ok(TensorView {
             dtype: e.dtype,
@@ -330,26 +351,4 @@ pub fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         out.push(("lm_head.weight".to_string(), vec![c.vocab_size, h]));
     }
     out
-}
-
-/// A small seeded generator (SplitMix64) with a Box-Muller normal: enough for test weights.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
-    }
-
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-    }
 }

@@ -1,13 +1,22 @@
 //! The model's weights on the device, in bf16, with q/k/v and gate/up fused at load time.
 //!
-//! Checkpoint tensors are read as raw bytes (`phase2::Weights`); bf16 tensors go up as they
-//! are, f16 and f32 ones are rounded to bf16 first. Stacking the q, k and v rows (and gate and
-//! up) turns three GEMMs (two) per layer into one: the same input is read once, and the larger
-//! product keeps the GPU busier.
+//! Checkpoint tensors are read as raw bytes from the memory-mapped files (`phase2::Weights`)
+//! and go to the device through a ring of pinned buffers: while the copy engine moves one
+//! buffer, every core fills the next one from the files (bf16 copied as it is, f16 and f32
+//! rounded to bf16 on the way), so reading the disk or page cache and crossing PCIe overlap,
+//! and no tensor is ever held whole in host memory. Random weights never touch the host: they
+//! are generated in place by the same counter-based recipe as on the CPU. Stacking the q, k
+//! and v rows (and gate and up) turns three GEMMs (two) per layer into one: the same input is
+//! read once, and the larger product keeps the GPU busier.
+
+use std::time::Instant;
 
 use half::{bf16, f16};
-use kernels::{CudaSlice, Gpu};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
+use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Dtype, Error, ModelConfig, TensorView, Weights};
+use rayon::prelude::*;
 
 use crate::runner::device_error;
 
@@ -37,8 +46,10 @@ pub(crate) struct DeviceWeights {
 }
 
 impl DeviceWeights {
+    /// Loads every tensor of `w` onto the device, showing progress on a terminal and printing
+    /// one summary line (size, time, GiB/s) on stderr.
     pub fn upload(gpu: &Gpu, c: &ModelConfig, w: &Weights) -> Result<Self, Error> {
-        let mut loader = Loader { gpu, w, bytes: 0 };
+        let mut loader = Loader::new(gpu, w)?;
         let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -87,13 +98,16 @@ impl DeviceWeights {
         } else {
             Some(loader.one("lm_head.weight", &[c.vocab_size, h])?)
         };
+        let embed = loader.one("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let final_norm = loader.one("model.norm.weight", &[h])?;
+        let bytes = loader.finish()?;
         Ok(Self {
-            embed: loader.one("model.embed_tokens.weight", &[c.vocab_size, h])?,
-            final_norm: loader.one("model.norm.weight", &[h])?,
+            embed,
+            final_norm,
             layers,
             lm_head,
             rope_inv_freq: gpu.upload(&c.rope.inv_freq).map_err(device_error)?,
-            bytes: loader.bytes,
+            bytes,
         })
     }
 
@@ -107,52 +121,250 @@ impl DeviceWeights {
     }
 }
 
+/// Elements of one pinned staging buffer (64 MiB of bf16), and how many buffers circulate.
+const STAGE: usize = 32 << 20;
+const RING: usize = 3;
+
+/// A pinned buffer and the event that says the device has finished reading it.
+struct Stage {
+    host: PinnedHostSlice<bf16>,
+    done: CudaEvent,
+    in_flight: bool,
+}
+
 struct Loader<'a> {
     gpu: &'a Gpu,
     w: &'a Weights,
+    /// Pinned buffers; none for random weights, which are made on the device.
+    ring: Vec<Stage>,
+    next: usize,
     bytes: usize,
+    bar: ProgressBar,
+    start: Instant,
 }
 
-impl Loader<'_> {
+impl<'a> Loader<'a> {
+    fn new(gpu: &'a Gpu, w: &'a Weights) -> Result<Self, Error> {
+        let ring = if w.random_seed().is_some() {
+            Vec::new()
+        } else {
+            let stage = STAGE.min(w.total_bytes() / 2 + 1);
+            (0..RING)
+                .map(|_| {
+                    Ok(Stage {
+                        host: gpu.pinned(stage)?,
+                        done: gpu.event()?,
+                        in_flight: false,
+                    })
+                })
+                .collect::<kernels::Result<_>>()
+                .map_err(device_error)?
+        };
+        let bar = ProgressBar::with_draw_target(
+            Some(w.total_bytes() as u64),
+            ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            ProgressStyle::with_template(
+                "weights {bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} [{elapsed_precise}]",
+            )
+            .expect("valid template"),
+        );
+        Ok(Self {
+            gpu,
+            w,
+            ring,
+            next: 0,
+            bytes: 0,
+            bar,
+            start: Instant::now(),
+        })
+    }
+
     fn one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>, Error> {
         self.fused(&[(name.to_string(), shape.to_vec())])
     }
 
-    /// The named tensors, each checked against its shape, stacked row-wise and uploaded.
+    /// The named tensors, each checked against its shape, stacked row-wise on the device.
     fn fused(&mut self, parts: &[(String, Vec<usize>)]) -> Result<CudaSlice<bf16>, Error> {
-        let mut host = Vec::new();
         for (name, shape) in parts {
-            let t = self.w.tensor(name)?;
-            if t.shape != shape.as_slice() {
+            let found = self.w.shape(name)?;
+            if found != shape.as_slice() {
                 return Err(Error::model_load(
                     name,
-                    format!("tensor has shape {:?}, expected {shape:?}", t.shape),
+                    format!("tensor has shape {found:?}, expected {shape:?}"),
                 ));
             }
-            append_bf16(&t, &mut host);
         }
-        self.bytes += 2 * host.len();
-        self.gpu.upload(&host).map_err(device_error)
+        let total: usize = parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+        let mut out = self.gpu.zeros::<bf16>(total).map_err(device_error)?;
+        let mut offset = 0;
+        for (name, shape) in parts {
+            let n: usize = shape.iter().product();
+            match self.w.random_seed() {
+                Some(seed) => {
+                    let dist = Uniform::for_tensor(name, shape);
+                    let mut view = out.slice_mut(offset..offset + n);
+                    let key = tensor_key(seed, name);
+                    kernels::random::fill_uniform(
+                        self.gpu,
+                        &mut view,
+                        key,
+                        dist.mean,
+                        dist.half_width,
+                    )
+                    .map_err(device_error)?;
+                    self.bar.inc(2 * n as u64);
+                }
+                None => {
+                    let t = self.w.tensor(name)?;
+                    self.copy(&t, &mut out, offset)?;
+                    self.bar.inc(t.data.len() as u64);
+                }
+            }
+            offset += n;
+        }
+        self.bytes += 2 * total;
+        Ok(out)
+    }
+
+    /// Queues `t` into `out` from `offset` on, one pinned buffer at a time.
+    fn copy(
+        &mut self,
+        t: &TensorView<'_>,
+        out: &mut CudaSlice<bf16>,
+        offset: usize,
+    ) -> Result<(), Error> {
+        let n = t.data.len() / t.dtype.size_bytes();
+        let mut start = 0;
+        while start < n {
+            let len = STAGE.min(n - start);
+            let slot = self.next;
+            self.next = (slot + 1) % self.ring.len();
+            let stage = &mut self.ring[slot];
+            if stage.in_flight {
+                stage
+                    .done
+                    .synchronize()
+                    .map_err(|e| driver("waiting for a staging copy", e))?;
+            }
+            let host = stage
+                .host
+                .as_mut_slice()
+                .map_err(|e| driver("reading pinned host memory", e))?;
+            convert_bf16(t, start, &mut host[..len]);
+            let mut view = out.slice_mut(offset + start..offset + start + len);
+            self.gpu
+                .copy_to_device(&host[..len], &mut view)
+                .map_err(device_error)?;
+            self.gpu.record(&stage.done).map_err(device_error)?;
+            stage.in_flight = true;
+            start += len;
+        }
+        Ok(())
+    }
+
+    /// Waits for the last copies and prints the summary line; returns the device bytes.
+    fn finish(self) -> Result<usize, Error> {
+        self.gpu.synchronize().map_err(device_error)?;
+        self.bar.finish_and_clear();
+        let secs = self.start.elapsed().as_secs_f64();
+        let gib = self.bytes as f64 / (1u64 << 30) as f64;
+        let how = match self.w.random_seed() {
+            Some(seed) => format!("generated on the device (random, seed {seed})"),
+            None => "loaded".to_string(),
+        };
+        eprintln!(
+            "weights: {gib:.2} GiB {how} in {secs:.2} s ({:.1} GiB/s)",
+            gib / secs.max(1e-9)
+        );
+        Ok(self.bytes)
     }
 }
 
-/// Appends a tensor's values as bf16 (exact for bf16, rounded to nearest for f16 and f32).
-fn append_bf16(t: &TensorView<'_>, out: &mut Vec<bf16>) {
-    match t.dtype {
-        Dtype::BF16 => out.extend(
-            t.data
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]])),
-        ),
-        Dtype::F16 => out.extend(
-            t.data
-                .chunks_exact(2)
-                .map(|b| bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32())),
-        ),
-        Dtype::F32 => out.extend(
-            t.data
-                .chunks_exact(4)
-                .map(|b| bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-        ),
+fn driver(context: &str, source: kernels::DriverError) -> Error {
+    device_error(kernels::Error::Driver {
+        context: context.into(),
+        source,
+    })
+}
+
+/// Elements `start..start + out.len()` of `t` as bf16 into `out`, on every core: bf16 is
+/// copied as it is, f16 and f32 are rounded to nearest.
+fn convert_bf16(t: &TensorView<'_>, start: usize, out: &mut [bf16]) {
+    const PIECE: usize = 1 << 18;
+    let size = t.dtype.size_bytes();
+    let src = &t.data[start * size..(start + out.len()) * size];
+    out.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE * size))
+        .for_each(|(dst, bytes)| match t.dtype {
+            Dtype::BF16 => {
+                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *d = bf16::from_le_bytes([b[0], b[1]]);
+                }
+            }
+            Dtype::F16 => {
+                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *d = bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32());
+                }
+            }
+            Dtype::F32 => {
+                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *d = bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                }
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random weights made on the device are bit for bit the ones the host makes from the same
+    /// seed (the same model on either runner), and a checkpoint goes up unchanged through the
+    /// pinned ring.
+    #[test]
+    fn device_weights_equal_the_host_ones() {
+        let gpu = match Gpu::open(0) {
+            Ok(gpu) => gpu,
+            Err(kernels::Error::NoDevice(reason)) => {
+                use std::io::Write;
+                let line = format!("device_weights_equal_the_host_ones: skipped: {reason}\n");
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                return;
+            }
+            Err(other) => panic!("a GPU is present but cannot be used: {other}"),
+        };
+        let dir = phase2::models_dir().join("fixtures/qwen25-yarn");
+        let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let checkpoint = Weights::open(&dir).unwrap();
+        for w in [Weights::random(&c, 3), checkpoint] {
+            let d = DeviceWeights::upload(&gpu, &c, &w).unwrap();
+            let host = |name: &str| {
+                let t = w.tensor(name).unwrap();
+                let mut v = Vec::new();
+                v.extend(
+                    t.data
+                        .chunks_exact(2)
+                        .map(|b| bf16::from_le_bytes([b[0], b[1]])),
+                );
+                v
+            };
+            let mut qkv = host("model.layers.1.self_attn.q_proj.weight");
+            qkv.extend(host("model.layers.1.self_attn.k_proj.weight"));
+            qkv.extend(host("model.layers.1.self_attn.v_proj.weight"));
+            assert_eq!(gpu.download(&d.layers[1].qkv).unwrap(), qkv);
+            let bias = gpu
+                .download(d.layers[0].qkv_bias.as_ref().unwrap())
+                .unwrap();
+            assert_eq!(
+                bias[..128],
+                host("model.layers.0.self_attn.q_proj.bias")[..]
+            );
+            let norm = gpu.download(&d.final_norm).unwrap();
+            assert_eq!(norm, host("model.norm.weight"));
+            let lm_head = gpu.download(d.lm_head.as_ref().unwrap()).unwrap();
+            assert_eq!(lm_head, host("lm_head.weight"));
+        }
     }
 }

@@ -24,7 +24,19 @@ pub fn cpu_runner(
     weights: &Weights,
     config: &Config,
 ) -> Result<Runner<CpuRunner>, Error> {
+    let start = std::time::Instant::now();
     let model = Model::from_weights(model_config, weights)?;
+    let secs = start.elapsed().as_secs_f64();
+    if secs > 1.0 {
+        let how = match weights.random_seed() {
+            Some(seed) => format!("generated (random, seed {seed})"),
+            None => "loaded".to_string(),
+        };
+        eprintln!(
+            "weights: {:.2} GiB {how} and widened to f32 in {secs:.1} s",
+            weights.total_bytes() as f64 / (1u64 << 30) as f64
+        );
+    }
     let layout = CpuRunner::kv_layout_of(&model);
     let ps = config.kvcache_block_size;
     let pages = if config.num_kvcache_blocks > 0 {
