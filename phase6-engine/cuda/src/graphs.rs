@@ -10,6 +10,7 @@
 //! kernel's split count assumes the longest sequence, and each sequence may use up to
 //! `entries_per_seq` page entries (a step that needs more runs eagerly).
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernels::graph::{self, Graph};
 use kernels::sampling::SampleParams;
 use kernels::{CudaView, Gpu, Result};
@@ -79,6 +80,12 @@ impl DecodeGraphs {
         let mut staging = Staging::new(gpu, span)?;
 
         let mut buckets = Vec::with_capacity(sizes.len());
+        let bar =
+            ProgressBar::with_draw_target(Some(sizes.len() as u64), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("decode graphs {bar:30} {pos}/{len} [{elapsed_precise}]")
+                .expect("valid template"),
+        );
         for size in sizes {
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
@@ -93,7 +100,9 @@ impl DecodeGraphs {
                 fingerprint: layout.fingerprint(),
                 graph,
             });
+            bar.inc(1);
         }
+        bar.finish_and_clear();
         Ok(Self {
             staging,
             buckets,

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::time::Instant;
 
 use kernels::paged::CacheShape;
 use kernels::{CudaEvent, Gpu, PinnedHostSlice, gather, sampling};
@@ -91,6 +92,9 @@ pub struct MemoryReport {
     pub num_graphs: usize,
     /// Device memory the graphs took when they were captured.
     pub graph_bytes: usize,
+    /// Seconds spent opening the device (context, cuBLAS, kernels), loading the weights, and
+    /// allocating the KV cache and capturing the graphs: what start-up is made of.
+    pub startup_seconds: [f64; 3],
 }
 
 impl MemoryReport {
@@ -119,7 +123,12 @@ impl fmt::Display for MemoryReport {
             0 => write!(f, ", eager (no CUDA graphs)")?,
             n => write!(f, ", {n} decode graphs ({:.2} GiB)", gib(self.graph_bytes))?,
         }
-        Ok(())
+        let [device, weights, rest] = self.startup_seconds;
+        write!(
+            f,
+            "; ready in {:.2} s (device {device:.2} s, weights {weights:.2} s, KV cache and graphs {rest:.2} s)",
+            device + weights + rest
+        )
     }
 }
 
@@ -163,12 +172,15 @@ impl CudaRunner {
     ) -> Result<Self, Error> {
         check_supported(config, &options)?;
         let dims = Dims::new(config);
+        let start = Instant::now();
         let mut gpu = Gpu::open(options.device).map_err(device_error)?;
         gpu.fix_blas_workspace(BLAS_WORKSPACE)
             .map_err(device_error)?;
         gpu.preload().map_err(device_error)?;
         let device = gpu.name().map_err(device_error)?;
+        let opened = start.elapsed().as_secs_f64();
         let weights = DeviceWeights::upload(&gpu, config, weights)?;
+        let loaded = start.elapsed().as_secs_f64();
 
         let (hq, hkv) = (dims.heads, dims.kv_heads);
         let (tokens, seqs) = (options.max_num_batched_tokens, options.max_num_seqs);
@@ -216,6 +228,7 @@ impl CudaRunner {
             Some(DecodeGraphs::capture(&gpu, model, &limits, entries).map_err(device_error)?)
         };
         let (after, _) = gpu.memory_info().map_err(device_error)?;
+        let ready = start.elapsed().as_secs_f64();
 
         let memory = MemoryReport {
             device,
@@ -230,6 +243,7 @@ impl CudaRunner {
             page_size: options.page_size,
             num_graphs: graphs.as_ref().map_or(0, DecodeGraphs::len),
             graph_bytes: before.saturating_sub(after),
+            startup_seconds: [opened, loaded - opened, ready - loaded],
         };
         let sampled_host = gpu.pinned(options.max_num_seqs).map_err(device_error)?;
         let launched_host = [
