@@ -79,8 +79,15 @@ struct Entry {
     end: usize,
 }
 
+/// One checkpoint file: its path, its memory map and the open file (for positioned reads).
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    file: File,
+}
+
 enum Storage {
-    Mapped(Vec<(PathBuf, Mmap)>),
+    Mapped(Vec<Shard>),
     /// Random tensors, each generated on first read.
     Random {
         seed: u64,
@@ -167,7 +174,11 @@ impl Weights {
                     },
                 );
             }
-            maps.push((path.clone(), map));
+            maps.push(Shard {
+                path: path.clone(),
+                map,
+                file,
+            });
         }
         Ok(Self {
             storage: Storage::Mapped(maps),
@@ -218,12 +229,21 @@ impl Weights {
         self.entries.values().map(|e| e.end - e.start).sum()
     }
 
-    /// A tensor's shape, without reading (or generating) its values.
-    pub fn shape(&self, name: &str) -> Result<&[usize], Error> {
+    /// A tensor's entry; a missing one is an error naming the model.
+    fn entry(&self, name: &str) -> Result<&Entry, Error> {
         self.entries
             .get(name)
-            .map(|e| e.shape.as_slice())
             .ok_or_else(|| Error::model_load(&self.origin, format!("missing tensor {name}")))
+    }
+
+    /// A tensor's stored number type, without reading its values.
+    pub fn tensor_dtype(&self, name: &str) -> Result<Dtype, Error> {
+        Ok(self.entry(name)?.dtype)
+    }
+
+    /// A tensor's shape, without reading (or generating) its values.
+    pub fn shape(&self, name: &str) -> Result<&[usize], Error> {
+        Ok(&self.entry(name)?.shape)
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -236,19 +256,16 @@ impl Weights {
 
     fn file_of(&self, e: &Entry) -> PathBuf {
         match &self.storage {
-            Storage::Mapped(maps) => maps[e.file].0.clone(),
+            Storage::Mapped(maps) => maps[e.file].path.clone(),
             Storage::Random { .. } => self.origin.clone(),
         }
     }
 
     /// A tensor by name; a missing one is an error naming the model.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, Error> {
-        let e = self
-            .entries
-            .get(name)
-            .ok_or_else(|| Error::model_load(&self.origin, format!("missing tensor {name}")))?;
+        let e = self.entry(name)?;
         let data = match &self.storage {
-            Storage::Mapped(maps) => &maps[e.file].1[e.start..e.end],
+            Storage::Mapped(maps) => &maps[e.file].map[e.start..e.end],
             Storage::Random { seed, tensors } => tensors[e.file].get_or_init(|| {
                 let mut bytes = vec![0u8; e.end];
                 fill(
@@ -264,6 +281,36 @@ impl Weights {
             shape: &e.shape,
             data,
         })
+    }
+
+    /// Copies `out.len()` bytes of tensor `name`'s data, from byte `offset` on, into `out`. From
+    /// a checkpoint this is a positioned read of the file rather than a copy out of the memory
+    /// map: no page faults, so many threads can each read a piece at the speed of the page cache
+    /// (or the disk), which is what a fast upload to a GPU wants.
+    pub fn read_bytes(&self, name: &str, offset: usize, out: &mut [u8]) -> Result<(), Error> {
+        let e = self.entry(name)?;
+        if offset + out.len() > e.end - e.start {
+            return Err(Error::model_load(
+                self.file_of(e),
+                format!("read past the end of tensor {name}"),
+            ));
+        }
+        match &self.storage {
+            #[cfg(unix)]
+            Storage::Mapped(maps) => {
+                use std::os::unix::fs::FileExt;
+                let shard = &maps[e.file];
+                shard
+                    .file
+                    .read_exact_at(out, (e.start + offset) as u64)
+                    .map_err(|err| Error::model_load(&shard.path, err.to_string()))
+            }
+            _ => {
+                let data = self.tensor(name)?.data;
+                out.copy_from_slice(&data[offset..offset + out.len()]);
+                Ok(())
+            }
+        }
     }
 
     /// A tensor that must have `shape`, as f32.

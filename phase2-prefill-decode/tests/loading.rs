@@ -60,6 +60,17 @@ fn sharded_checkpoints_load_through_their_index() {
     let sharded = Model::load(&dir).unwrap();
     assert_eq!(sharded.embed, whole.embed);
     assert_eq!(sharded.layers[1].down, whole.layers[1].down);
+
+    // Positioned reads of any piece of any shard give the memory map's bytes.
+    let w = Weights::open(&dir).unwrap();
+    for name in ["model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight"] {
+        let data = w.tensor(name).unwrap().data;
+        let mut piece = vec![0u8; 100];
+        w.read_bytes(name, 34, &mut piece).unwrap();
+        assert_eq!(piece, data[34..134]);
+        let err = w.read_bytes(name, data.len() - 10, &mut piece).unwrap_err();
+        assert!(err.to_string().contains("read past the end"), "{err}");
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
 use phase2::random_weights::{Uniform, tensor_key};
-use phase2::{Dtype, Error, ModelConfig, TensorView, Weights};
+use phase2::{Dtype, Error, ModelConfig, Weights};
 use rayon::prelude::*;
 
 use crate::runner::device_error;
@@ -217,9 +217,7 @@ impl<'a> Loader<'a> {
                     self.bar.inc(2 * n as u64);
                 }
                 None => {
-                    let t = self.w.tensor(name)?;
-                    self.copy(&t, &mut out, offset)?;
-                    self.bar.inc(t.data.len() as u64);
+                    self.copy(name, &mut out, offset)?;
                 }
             }
             offset += n;
@@ -228,14 +226,10 @@ impl<'a> Loader<'a> {
         Ok(out)
     }
 
-    /// Queues `t` into `out` from `offset` on, one pinned buffer at a time.
-    fn copy(
-        &mut self,
-        t: &TensorView<'_>,
-        out: &mut CudaSlice<bf16>,
-        offset: usize,
-    ) -> Result<(), Error> {
-        let n = t.data.len() / t.dtype.size_bytes();
+    /// Queues tensor `name` into `out` from `offset` on, one pinned buffer at a time.
+    fn copy(&mut self, name: &str, out: &mut CudaSlice<bf16>, offset: usize) -> Result<(), Error> {
+        let dtype = self.w.tensor_dtype(name)?;
+        let n = self.w.shape(name)?.iter().product::<usize>();
         let mut start = 0;
         while start < n {
             let len = STAGE.min(n - start);
@@ -252,13 +246,14 @@ impl<'a> Loader<'a> {
                 .host
                 .as_mut_slice()
                 .map_err(|e| driver("reading pinned host memory", e))?;
-            convert_bf16(t, start, &mut host[..len]);
+            fill_bf16(self.w, name, dtype, start, &mut host[..len])?;
             let mut view = out.slice_mut(offset + start..offset + start + len);
             self.gpu
                 .copy_to_device(&host[..len], &mut view)
                 .map_err(device_error)?;
             self.gpu.record(&stage.done).map_err(device_error)?;
             stage.in_flight = true;
+            self.bar.inc((len * dtype.size_bytes()) as u64);
             start += len;
         }
         Ok(())
@@ -289,31 +284,44 @@ fn driver(context: &str, source: kernels::DriverError) -> Error {
     })
 }
 
-/// Elements `start..start + out.len()` of `t` as bf16 into `out`, on every core: bf16 is
-/// copied as it is, f16 and f32 are rounded to nearest.
-fn convert_bf16(t: &TensorView<'_>, start: usize, out: &mut [bf16]) {
-    const PIECE: usize = 1 << 18;
-    let size = t.dtype.size_bytes();
+/// Elements `start..start + out.len()` of tensor `name` as bf16 into `out`, on every core:
+/// bf16 is read straight into `out` (positioned reads of the file, a piece per thread), f16 and
+/// f32 are rounded to nearest from the memory map.
+fn fill_bf16(
+    w: &Weights,
+    name: &str,
+    dtype: Dtype,
+    start: usize,
+    out: &mut [bf16],
+) -> Result<(), Error> {
+    const PIECE: usize = 1 << 20;
+    if dtype == Dtype::BF16 {
+        return out
+            .par_chunks_mut(PIECE)
+            .enumerate()
+            .try_for_each(|(i, piece)| {
+                // Safety: bf16 is two plain bytes, and the checkpoint stores it little-endian,
+                // as the host (x86-64, aarch64) does.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(piece.as_mut_ptr().cast::<u8>(), 2 * piece.len())
+                };
+                w.read_bytes(name, 2 * (start + i * PIECE), bytes)
+            });
+    }
+    let t = w.tensor(name)?;
+    let size = dtype.size_bytes();
     let src = &t.data[start * size..(start + out.len()) * size];
     out.par_chunks_mut(PIECE)
         .zip(src.par_chunks(PIECE * size))
-        .for_each(|(dst, bytes)| match t.dtype {
-            Dtype::BF16 => {
-                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *d = bf16::from_le_bytes([b[0], b[1]]);
-                }
-            }
-            Dtype::F16 => {
-                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *d = bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32());
-                }
-            }
-            Dtype::F32 => {
-                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *d = bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                }
+        .for_each(|(dst, bytes)| {
+            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(size)) {
+                *d = match dtype {
+                    Dtype::F16 => bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32()),
+                    _ => bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                };
             }
         });
+    Ok(())
 }
 
 #[cfg(test)]
