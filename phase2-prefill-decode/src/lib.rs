@@ -8,6 +8,7 @@
 //! [`DecodeManager`] are the first, simplest scheduling policy on top of it.
 
 pub mod attention;
+mod chat_template;
 mod config;
 mod cpu_runner;
 mod decode_manager;
@@ -15,9 +16,11 @@ mod error;
 #[cfg(feature = "exercises")]
 pub mod exercises;
 mod fixtures;
+mod generation_config;
 mod hash_runner;
 mod kv_store;
 mod model;
+mod model_files;
 pub mod ops;
 mod paths;
 mod prefill_manager;
@@ -29,11 +32,13 @@ mod seq_state;
 mod tokenizer;
 mod weights;
 
+pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig};
 pub use cpu_runner::{BatchAttention, CpuRunner, LayerAttention, PagedAttention};
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
 pub use fixtures::{Fixture, FixtureCase};
+pub use generation_config::GenerationConfig;
 pub use hash_runner::HashRunner;
 pub use kv_store::KvStore;
 pub use model::{Layer, Model};

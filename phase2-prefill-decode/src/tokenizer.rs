@@ -1,15 +1,21 @@
-//! Text to token ids and back, end-of-sequence ids, and the chat template's role markers.
+//! Text to token ids and back, the ids that end a generation, and conversations as token ids.
 //!
 //! The `tokenizers` crate reads the same `tokenizer.json` as the Python library. Around it
 //! this module adds what a server needs: the set of ids that end a generation (from
-//! `tokenizer_config.json`, `generation_config.json` and `config.json`), a ChatML template
-//! (`<|im_start|>role\ncontent<|im_end|>\n`, the format of Qwen models and of the tiny model),
-//! and an incremental decoder that streams text without splitting a multi-byte character.
+//! `tokenizer_config.json`, `generation_config.json`, `config.json`, and the token that closes
+//! a turn in the model's chat template), the chat template itself (`chat_template.rs`), a
+//! conversation's token ids in which text typed by a user never becomes a control token, and
+//! an incremental decoder that streams text without splitting a multi-byte character.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
+use crate::chat_template::{ChatTemplate, ControlTokens, unmark};
 use crate::config::eos_ids;
 use crate::error::Error;
+use crate::generation_config::GenerationConfig;
+use crate::model_files::{read_json, token_text};
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,31 +35,20 @@ impl ChatMessage {
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special-token strings read as plain text; made on first use, as only
+    /// conversations that contain such strings need it.
+    plain: OnceLock<tokenizers::Tokenizer>,
+    /// The ids of the tokens `tokenizer.json` marks special, and their strings.
+    special_ids: HashSet<u32>,
+    control: ControlTokens,
+    chat_template: ChatTemplate,
     eos_ids: Vec<u32>,
     path: PathBuf,
 }
 
-fn read_json(path: &Path) -> Result<Option<serde_json::Value>, Error> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::model_load(path, e.to_string()))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::model_load(path, format!("bad JSON: {e}")))
-}
-
-/// The content of a special-token field: a string, or an object with a "content" string.
-fn token_text(v: Option<&serde_json::Value>) -> Option<String> {
-    match v? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content")?.as_str().map(String::from),
-        _ => None,
-    }
-}
-
 impl Tokenizer {
-    /// Loads `tokenizer.json` and the end-of-sequence ids named by the folder's config files.
+    /// Loads `tokenizer.json`, the chat template, and the end-of-sequence ids named by the
+    /// folder's config files and its chat template.
     pub fn from_dir(dir: &Path) -> Result<Self, Error> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
@@ -61,25 +56,38 @@ impl Tokenizer {
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::model_load(&path, e.to_string()))?;
+        let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
         let mut eos = Vec::new();
-        if let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))?
-            && let Some(text) = token_text(cfg.get("eos_token"))
+        if let Some(text) = token_text(tokenizer_config.as_ref().and_then(|c| c.get("eos_token")))
             && let Some(id) = inner.token_to_id(&text)
         {
             eos.push(id);
         }
-        for file in ["generation_config.json", "config.json"] {
-            if let Some(cfg) = read_json(&dir.join(file))? {
-                eos.extend(eos_ids(cfg.get("eos_token_id")));
-            }
+        eos.extend(GenerationConfig::from_dir(dir)?.eos_token_ids);
+        if let Some(cfg) = read_json(&dir.join("config.json"))? {
+            eos.extend(eos_ids(cfg.get("eos_token_id")));
         }
+        let chat_template = ChatTemplate::from_dir(dir, tokenizer_config.as_ref())?;
+        let special: Vec<(u32, String)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        let mut tokenizer = Self {
+            special_ids: special.iter().map(|(id, _)| *id).collect(),
+            control: ControlTokens::new(special.into_iter().map(|(_, text)| text)),
+            inner,
+            plain: OnceLock::new(),
+            chat_template,
+            eos_ids: Vec::new(),
+            path,
+        };
+        eos.extend(tokenizer.end_of_turn_id());
         eos.sort_unstable();
         eos.dedup();
-        Ok(Self {
-            inner,
-            eos_ids: eos,
-            path,
-        })
+        tokenizer.eos_ids = eos;
+        Ok(tokenizer)
     }
 
     fn err(&self, e: impl std::fmt::Display) -> Error {
@@ -89,6 +97,17 @@ impl Tokenizer {
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, Error> {
         let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with every string read as plain text, special-token strings too.
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let plain = self.plain.get_or_init(|| {
+            let mut plain = self.inner.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        });
+        let enc = plain.encode(text, false).map_err(|e| self.err(e))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -111,24 +130,75 @@ impl Tokenizer {
         &self.eos_ids
     }
 
-    /// Renders a conversation in ChatML; with `add_generation_prompt` it ends with the opening
-    /// of the assistant's turn, so the model writes the answer.
+    /// The model's chat template (ChatML for a folder that has none).
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.chat_template
+    }
+
+    /// A conversation as text, rendered by the model's chat template; with
+    /// `add_generation_prompt` it ends with the opening of the assistant's turn. For display
+    /// and tests: a prompt for the model is [`Tokenizer::encode_chat`]'s ids, since encoding
+    /// this text would turn control-token strings typed by a user into control tokens.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-    ) -> String {
-        let mut s = String::new();
-        for m in messages {
-            s.push_str(&format!(
-                "<|im_start|>{}\n{}<|im_end|>\n",
-                m.role, m.content
-            ));
+    ) -> Result<String, Error> {
+        self.chat_template
+            .render(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// A conversation's token ids: the template's own markers are control tokens, while
+    /// special-token strings inside a message's content (a user typing `<|im_end|>`) are
+    /// encoded as the plain text they are (`chat_template::user_text` says how).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, Error> {
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage::new(m.role.as_str(), self.control.mark(&m.content)))
+            .collect();
+        let rendered =
+            self.chat_template
+                .render(&marked, add_generation_prompt, &serde_json::Map::new())?;
+        let (text, typed) = unmark(&rendered);
+        let enc = self
+            .inner
+            .encode(text.as_str(), false)
+            .map_err(|e| self.err(e))?;
+        let mut typed = typed.into_iter().peekable();
+        let mut ids = Vec::with_capacity(enc.len());
+        for (&id, &(start, end)) in enc.get_ids().iter().zip(enc.get_offsets()) {
+            while typed.next_if(|span| span.end <= start).is_some() {}
+            let over_typed = self.special_ids.contains(&id)
+                && typed
+                    .peek()
+                    .is_some_and(|span| start <= span.start && span.end <= end);
+            if over_typed {
+                ids.extend(self.encode_plain(&text[start..end])?);
+            } else {
+                ids.push(id);
+            }
         }
-        if add_generation_prompt {
-            s.push_str("<|im_start|>assistant\n");
-        }
-        s
+        Ok(ids)
+    }
+
+    /// The special token that closes a turn in the chat template (`<|im_end|>`, `<|eot_id|>`):
+    /// the first token after an assistant message's content. A model whose config files forget
+    /// it (Llama 3's first release listed only `<|end_of_text|>`) still stops at the end of its
+    /// answer.
+    fn end_of_turn_id(&self) -> Option<u32> {
+        const PROBE: &str = "\u{F0000}";
+        let chat = [
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", PROBE),
+        ];
+        let text = self.apply_chat_template(&chat, false).ok()?;
+        let after = &text[text.find(PROBE)? + PROBE.len()..];
+        let first = *self.encode(after).ok()?.first()?;
+        self.special_ids.contains(&first).then_some(first)
     }
 }
 

@@ -24,8 +24,10 @@ fn a_written_checkpoint_loads_and_runs_like_the_weights_in_memory() {
         greedy(from_disk, &prompt, 6, 4),
         greedy(in_memory, &prompt, 6, 4)
     );
+    // No generation_config.json here: <|endoftext|> comes from config.json, <|im_end|> from the
+    // chat template, whose turns it closes.
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    assert_eq!(tok.eos_token_ids(), &[0]);
+    assert_eq!(tok.eos_token_ids(), &[0, 2]);
 }
 
 #[test]
@@ -168,12 +170,14 @@ fn tokenizer_round_trip_chat_template_and_streaming() {
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
     assert_eq!(tok.eos_token_ids(), &[0, 2], "<|endoftext|> and <|im_end|>");
 
-    let chat = tok.apply_chat_template(&[ChatMessage::new("user", "Speak.")], true);
+    let speak = [ChatMessage::new("user", "Speak.")];
+    let chat = tok.apply_chat_template(&speak, true).unwrap();
     assert_eq!(
         chat,
         "<|im_start|>user\nSpeak.<|im_end|>\n<|im_start|>assistant\n"
     );
-    let chat_ids = tok.encode(&chat).unwrap();
+    let chat_ids = tok.encode_chat(&speak, true).unwrap();
+    assert_eq!(chat_ids, tok.encode(&chat).unwrap());
     assert_eq!(chat_ids[0], tok.token_to_id("<|im_start|>").unwrap());
 
     // Streaming gives back the same text piece by piece, multi-byte characters included.

@@ -19,7 +19,7 @@ pub use driver::{OneStepAtATime, StepDriver};
 pub use error::Error;
 pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
-pub use phase2::{ChatMessage, default_model_dir, models_dir};
+pub use phase2::{ChatMessage, GenerationConfig, default_model_dir, models_dir};
 pub use prompt::{Output, ParamsList, Prompt};
 pub use runner::{Runner, cpu_runner};
 pub use stream::{StreamPiece, TokenStream};

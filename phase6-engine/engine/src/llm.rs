@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use phase0::{SamplingParams, SeqId, TokenId};
-use phase2::{ChatMessage, ModelConfig, ModelRunner, Tokenizer, Weights};
+use phase2::{ChatMessage, GenerationConfig, ModelConfig, ModelRunner, Tokenizer, Weights};
 use phase5::{Batching, Engine, FinishedRequest, SchedulerConfig, StepOutput, StreamEvent};
 
 use crate::config::{Config, Device};
@@ -34,6 +34,7 @@ pub struct LLM<R: ?Sized + ModelRunner = dyn ModelRunner> {
     engine: Engine<Box<R>>,
     driver: Box<dyn StepDriver<R>>,
     tokenizer: Option<Tokenizer>,
+    generation_config: GenerationConfig,
     config: Config,
     model_config: ModelConfig,
     device: Device,
@@ -44,14 +45,17 @@ pub struct LLM<R: ?Sized + ModelRunner = dyn ModelRunner> {
 }
 
 impl LLM {
-    /// Loads a Hugging Face model folder (config, safetensors, tokenizer) and starts the engine.
+    /// Loads a Hugging Face model folder (config, safetensors, tokenizer, generation config)
+    /// and starts the engine.
     pub fn new(model_dir: impl AsRef<Path>, config: Config) -> Result<Self, Error> {
         let dir = model_dir.as_ref();
         config.validate()?;
         let model_config = ModelConfig::from_file(&dir.join("config.json"))?;
         let weights = Weights::open(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
-        Self::with_weights(model_config, &weights, Some(tokenizer), config)
+        let mut llm = Self::with_weights(model_config, &weights, Some(tokenizer), config)?;
+        llm.set_generation_config(GenerationConfig::from_dir(dir)?);
+        Ok(llm)
     }
 
     /// Starts the engine on weights at hand (e.g. random weights of a published
@@ -132,6 +136,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
             engine,
             driver: Box::new(OneStepAtATime),
             tokenizer,
+            generation_config: GenerationConfig::default(),
             device: runner.device,
             config,
             model_config,
@@ -143,6 +148,22 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
     /// Replaces how steps are run (see [`StepDriver`]); call it before the first request.
     pub fn set_driver(&mut self, driver: Box<dyn StepDriver<R>>) {
         self.driver = driver;
+    }
+
+    /// The model's `generation_config.json`, whose sampling values are the defaults of requests
+    /// that set none (empty until set: [`LLM::new`] reads the folder's).
+    pub fn set_generation_config(&mut self, generation_config: GenerationConfig) {
+        self.generation_config = generation_config;
+    }
+
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation_config
+    }
+
+    /// The params of a request that sets nothing: the engine's defaults with the model's
+    /// `generation_config.json` values in their place (vLLM's `get_default_sampling_params`).
+    pub fn default_sampling_params(&self) -> SamplingParams {
+        self.generation_config.default_sampling_params()
     }
 
     /// What the engine took at start: device, KV pages and tokens, memory.
@@ -217,11 +238,18 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
         }
     }
 
-    /// A conversation rendered with the model's chat markers, ending with the assistant's turn.
+    /// A conversation rendered by the model's chat template, ending with the opening of the
+    /// assistant's turn: for display. The prompt of a chat request is [`LLM::encode_chat`].
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, Error> {
         Ok(self
             .require_tokenizer()?
-            .apply_chat_template(messages, true))
+            .apply_chat_template(messages, true)?)
+    }
+
+    /// A conversation's prompt ids, ending with the opening of the assistant's turn; control
+    /// tokens typed inside a message are text, not markers (see `phase2::Tokenizer::encode_chat`).
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, Error> {
+        Ok(self.require_tokenizer()?.encode_chat(messages, true)?)
     }
 
     /// Queues a request; it runs in the next steps.

@@ -179,6 +179,23 @@ fn bad_input_is_a_clear_error_and_the_others_go_on() {
 }
 
 #[test]
+fn requests_that_set_nothing_get_the_models_generation_config() {
+    // models/tiny-shakespeare/generation_config.json: temperature 0.8, top_k 50,
+    // max_new_tokens 256 (which caps a default, never raises it).
+    let p = llm().default_sampling_params();
+    assert_eq!((p.temperature, p.top_p, p.top_k), (0.8, 1.0, 50));
+    assert_eq!(p.max_tokens, SamplingParams::default().max_tokens);
+    let bare = LLM::with_weights(
+        phase2::ModelConfig::from_file(&phase2::default_model_dir().join("config.json")).unwrap(),
+        &phase2::Weights::open(&phase2::default_model_dir()).unwrap(),
+        None,
+        config(),
+    )
+    .unwrap();
+    assert_eq!(bare.default_sampling_params(), SamplingParams::default());
+}
+
+#[test]
 fn abort_returns_pages_and_chat_template_uses_the_markers() {
     let mut llm = llm();
     let id = llm.add_request("ROMEO:", greedy(100)).unwrap();
@@ -186,12 +203,15 @@ fn abort_returns_pages_and_chat_template_uses_the_markers() {
     assert!(llm.abort(id));
     assert!(!llm.abort(id));
     assert!(llm.is_finished());
-    let chat = llm
-        .apply_chat_template(&[phase6::ChatMessage::new("user", "Who art thou?")])
-        .unwrap();
+    let question = [phase6::ChatMessage::new("user", "Who art thou?")];
+    let chat = llm.apply_chat_template(&question).unwrap();
     assert_eq!(
         chat,
         "<|im_start|>user\nWho art thou?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        llm.encode_chat(&question).unwrap(),
+        llm.encode(&phase6::Prompt::Text(chat)).unwrap()
     );
     assert!(llm.startup_report().starts_with("device cpu: KV cache of"));
 }

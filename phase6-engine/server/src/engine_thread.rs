@@ -30,8 +30,8 @@ use crate::api_types::PromptInput;
 use crate::errors::ApiError;
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
-use phase6::Error;
 use phase6::Prompt;
+use phase6::{Error, GenerationConfig};
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
@@ -100,6 +100,8 @@ pub struct EngineInfo {
     /// Longest prompt + output, clamped to the model.
     pub max_model_len: usize,
     pub vocab_size: usize,
+    /// The model's sampling defaults, for the fields a request leaves out.
+    pub generation_config: GenerationConfig,
 }
 
 /// An admitted request: its id, prompt size and the stream of its events.
@@ -153,6 +155,7 @@ impl EngineHandle {
                         let info = EngineInfo {
                             max_model_len: llm.config().max_model_len,
                             vocab_size: llm.model_config().vocab_size,
+                            generation_config: llm.generation_config().clone(),
                         };
                         let _ = ready_tx.send(Ok(info));
                         EngineLoop::new(model, inbox).run();
@@ -352,9 +355,7 @@ impl EngineLoop {
                 .encode(&Prompt::Text(text))
                 .map_err(rejected)?,
             PromptInput::Chat(messages) => {
-                let llm = self.model.llm();
-                let text = llm.apply_chat_template(&messages).map_err(rejected)?;
-                llm.encode(&Prompt::Text(text)).map_err(rejected)?
+                self.model.llm().encode_chat(&messages).map_err(rejected)?
             }
         };
         let prompt_tokens = ids.len();

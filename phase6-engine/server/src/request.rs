@@ -1,6 +1,7 @@
 //! From a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
-//! `/v1/chat/completions`, OpenAI's defaults for them, and a 400 naming the field for
-//! anything this server cannot do as asked.
+//! `/v1/chat/completions`, their defaults (the model's `generation_config.json` where it sets
+//! one, as vLLM does, else OpenAI's), and a 400 naming the field for anything this server
+//! cannot do as asked.
 //!
 //! Unknown fields are ignored, as OpenAI-compatible servers do. Known features this server
 //! lacks (`n` > 1, log-probabilities, penalties, tools) are refused instead: ignoring them
@@ -16,7 +17,8 @@ use crate::engine_thread::EngineInfo;
 use crate::errors::ApiError;
 use phase6_chunks::Composition;
 
-/// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room).
+/// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room);
+/// either is capped by the model's `max_new_tokens`.
 const COMPLETION_MAX_TOKENS: usize = 16;
 
 const UNSUPPORTED: [&str; 10] = [
@@ -36,10 +38,8 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 pub fn completion(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
     let prompt = completion_prompt(body.raw("prompt"), info.vocab_size)?;
-    let max_tokens = body
-        .get::<usize>("max_tokens")?
-        .unwrap_or(COMPLETION_MAX_TOKENS);
-    common(body, prompt, max_tokens)
+    let max_tokens = body.get::<usize>("max_tokens")?;
+    common(body, prompt, max_tokens, COMPLETION_MAX_TOKENS, info)
 }
 
 pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
@@ -51,13 +51,15 @@ pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, Api
     common(
         body,
         PromptInput::Chat(messages),
-        max_tokens.unwrap_or(info.max_model_len),
+        max_tokens,
+        info.max_model_len,
+        info,
     )
 }
 
 /// `/v1/chunks/generate`: a composition of registered chunks by id, then the sampling fields
-/// of `/v1/completions` (and its default `max_tokens`).
-pub fn chunk_generation(body: &JsonBody) -> Result<GenerationRequest, ApiError> {
+/// of `/v1/completions` (and its defaults).
+pub fn chunk_generation(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
     let required = |name: &str| {
         body.get::<String>(name)?
             .ok_or_else(|| ApiError::invalid(name, format!("{name} is required")))
@@ -67,16 +69,24 @@ pub fn chunk_generation(body: &JsonBody) -> Result<GenerationRequest, ApiError> 
         context_ids: body.get("context_ids")?.unwrap_or_default(),
         query_id: required("query_id")?,
     };
-    let max_tokens = body
-        .get::<usize>("max_tokens")?
-        .unwrap_or(COMPLETION_MAX_TOKENS);
-    common(body, PromptInput::Chunks(composition), max_tokens)
+    let max_tokens = body.get::<usize>("max_tokens")?;
+    common(
+        body,
+        PromptInput::Chunks(composition),
+        max_tokens,
+        COMPLETION_MAX_TOKENS,
+        info,
+    )
 }
 
+/// The fields every generation shares; `max_tokens` is the request's, else the endpoint's
+/// default capped by the model's.
 fn common(
     body: &JsonBody,
     prompt: PromptInput,
-    max_tokens: usize,
+    max_tokens: Option<usize>,
+    default_max_tokens: usize,
+    info: &EngineInfo,
 ) -> Result<GenerationRequest, ApiError> {
     refuse_unsupported(body)?;
     if let Some(n) = body.get::<u64>("n")?
@@ -87,11 +97,13 @@ fn common(
             format!("n = {n}: only n = 1 is supported"),
         ));
     }
+    let model = &info.generation_config;
+    let defaults = model.default_sampling_params();
     let params = SamplingParams {
-        temperature: body.get("temperature")?.unwrap_or(1.0),
-        top_p: body.get("top_p")?.unwrap_or(1.0),
-        top_k: body.get("top_k")?.unwrap_or(-1),
-        max_tokens,
+        temperature: body.get("temperature")?.unwrap_or(defaults.temperature),
+        top_p: body.get("top_p")?.unwrap_or(defaults.top_p),
+        top_k: body.get("top_k")?.unwrap_or(defaults.top_k),
+        max_tokens: max_tokens.unwrap_or(model.default_max_tokens(default_max_tokens)),
         ignore_eos: body.get("ignore_eos")?.unwrap_or(false),
         seed: body.get("seed")?,
         stop_token_ids: body.get("stop_token_ids")?.unwrap_or_default(),
@@ -318,11 +330,13 @@ fn chat_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use phase2::GenerationConfig;
 
     fn info() -> EngineInfo {
         EngineInfo {
             max_model_len: 100,
             vocab_size: 50,
+            generation_config: GenerationConfig::default(),
         }
     }
 
@@ -361,6 +375,34 @@ mod tests {
         assert_eq!(r.params.max_tokens, 100);
         assert_eq!(r.stop, vec!["x".to_string()]);
         assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn the_models_generation_config_fills_what_a_request_leaves_out() {
+        let info = EngineInfo {
+            generation_config: GenerationConfig {
+                temperature: Some(0.6),
+                top_k: Some(20),
+                max_new_tokens: Some(50),
+                ..GenerationConfig::default()
+            },
+            ..info()
+        };
+        let r = completion(&body(r#"{"prompt": "hi"}"#), &info).unwrap();
+        assert_eq!((r.params.temperature, r.params.top_p), (0.6, 1.0));
+        assert_eq!((r.params.top_k, r.params.max_tokens), (20, 16));
+        let chat_body = r#"{"messages": [{"role": "user", "content": "a"}]}"#;
+        let r = chat(&body(chat_body), &info).unwrap();
+        assert_eq!(
+            r.params.max_tokens, 50,
+            "the model's cap under max_model_len"
+        );
+        let set = r#"{"prompt": "hi", "temperature": 0, "top_k": -1, "max_tokens": 80}"#;
+        let r = completion(&body(set), &info).unwrap();
+        assert_eq!(
+            (r.params.temperature, r.params.top_k, r.params.max_tokens),
+            (0.0, -1, 80)
+        );
     }
 
     #[test]

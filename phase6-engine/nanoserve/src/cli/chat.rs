@@ -181,12 +181,12 @@ impl Session {
             }
             _ => {
                 self.history.push(ChatMessage::new("user", line));
-                let prompt = self.chunks.llm().apply_chat_template(&self.history)?;
+                let prompt = self.chunks.llm().encode_chat(&self.history)?;
                 let mut answer = String::new();
                 let mut stream = self
                     .chunks
                     .llm_mut()
-                    .generate_stream(Prompt::Text(prompt), self.params.clone())?;
+                    .generate_stream(Prompt::Tokens(prompt), self.params.clone())?;
                 for piece in stream.by_ref() {
                     let piece = piece?;
                     let _ = write!(out, "{}", piece.text);
@@ -206,7 +206,8 @@ impl Session {
 pub fn run(args: ChatArgs) -> Result<(), Error> {
     let llm = args.model.load()?;
     let chunks = ChunkedLLM::from_llm(llm, ChunkConfig::default())?;
-    let mut session = Session::new(chunks, args.sampling.params(), args.system.as_deref());
+    let params = args.sampling.params(chunks.llm().generation_config());
+    let mut session = Session::new(chunks, params, args.system.as_deref());
     eprintln!("{HELP}");
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();

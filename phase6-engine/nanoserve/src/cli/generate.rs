@@ -25,19 +25,22 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<(), Error> {
     let mut llm = args.model.load()?;
-    let params = args.sampling.params();
-    let prompts: Vec<String> = if args.chat {
+    let params = args.sampling.params(llm.generation_config());
+    let prompts: Vec<Prompt> = if args.chat {
         args.prompts
             .iter()
-            .map(|p| llm.apply_chat_template(&[phase2::ChatMessage::new("user", p.as_str())]))
+            .map(|p| {
+                let user = [phase2::ChatMessage::new("user", p.as_str())];
+                llm.encode_chat(&user).map(Prompt::Tokens)
+            })
             .collect::<Result<_, _>>()?
     } else {
-        args.prompts.clone()
+        args.prompts.iter().cloned().map(Prompt::Text).collect()
     };
     if prompts.len() == 1 {
         let mut out = std::io::stdout().lock();
         let _ = write!(out, "{}", args.prompts[0]);
-        let mut stream = llm.generate_stream(Prompt::Text(prompts[0].clone()), params)?;
+        let mut stream = llm.generate_stream(prompts[0].clone(), params)?;
         for piece in stream.by_ref() {
             let _ = write!(out, "{}", piece?.text);
             let _ = out.flush();

@@ -15,7 +15,7 @@ mod serve;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use phase2::{ModelConfig, Tokenizer, Weights};
+use phase2::{GenerationConfig, ModelConfig, Tokenizer, Weights};
 
 use phase6::Error;
 use phase6::{Config, Device};
@@ -139,28 +139,39 @@ impl ModelArgs {
         Ok((config, weights, Some(tokenizer), dir.display().to_string()))
     }
 
-    /// Starts the engine and prints what it took.
+    /// Starts the engine, with the model's generation config, and prints what it took.
     pub fn load(&self) -> Result<ChunkLLM, Error> {
         let (config, weights, tokenizer, name) = self.load_parts()?;
-        let llm = start_llm(config, &weights, tokenizer, self.engine_config()?)?;
+        let mut llm = start_llm(config, &weights, tokenizer, self.engine_config()?)?;
+        if !self.random_weights {
+            llm.set_generation_config(GenerationConfig::from_dir(&self.model_dir())?);
+        }
         eprintln!("model {name}\n{}", llm.startup_report());
         Ok(llm)
     }
 }
 
-/// Sampling options shared by `generate` and `chat`.
+/// The command line's own sampling defaults, for what neither the command line nor the model's
+/// `generation_config.json` sets.
+const TEMPERATURE: f32 = 0.8;
+const MAX_TOKENS: usize = 128;
+
+/// Sampling options shared by `generate` and `chat`. An option left out takes the model's
+/// `generation_config.json` value, else the default shown.
 #[derive(Debug, Clone, Args)]
 pub struct SamplingArgs {
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: usize,
-    /// 0 is greedy
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// -1 disables top-k
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
-    pub top_k: i32,
+    /// Most tokens to generate [default: 128, or the model's max_new_tokens if smaller]
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// 0 is greedy [default: the model's, else 0.8]
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// [default: the model's, else 1.0]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// -1 disables top-k [default: the model's, else -1]
+    #[arg(long, allow_hyphen_values = true)]
+    pub top_k: Option<i32>,
     #[arg(long)]
     pub seed: Option<u64>,
     #[arg(long)]
@@ -168,15 +179,23 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> phase0::SamplingParams {
-        let mut p = phase0::SamplingParams::default()
-            .with_max_tokens(self.max_tokens)
-            .with_temperature(self.temperature)
-            .with_top_p(self.top_p)
-            .with_top_k(self.top_k)
-            .with_ignore_eos(self.ignore_eos);
-        p.seed = self.seed;
-        p
+    /// The params of these options over the model's defaults.
+    pub fn params(&self, model: &GenerationConfig) -> phase0::SamplingParams {
+        let defaults = model.default_sampling_params();
+        phase0::SamplingParams {
+            temperature: self
+                .temperature
+                .or(model.temperature)
+                .unwrap_or(TEMPERATURE),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            top_k: self.top_k.unwrap_or(defaults.top_k),
+            max_tokens: self
+                .max_tokens
+                .unwrap_or(model.default_max_tokens(MAX_TOKENS)),
+            ignore_eos: self.ignore_eos,
+            seed: self.seed,
+            ..defaults
+        }
     }
 }
 
