@@ -138,17 +138,20 @@ impl CpuRunner {
         &mut self.store
     }
 
-    /// One decoder layer over all `tokens` rows of `x`, in place.
+    /// The attention half of decoder layer `l` over all rows of `x`: norm, q/k/v, q/k norm and
+    /// RoPE, the new K/V into their pages, attention, and the output projection. Returns what
+    /// the layer adds to `x` (the residual add is the caller's: under tensor parallelism each
+    /// rank's share is summed over the ranks first, chapter 6.5).
     #[allow(clippy::too_many_arguments)]
-    fn layer(
+    pub fn attention_block(
         &mut self,
         l: usize,
-        x: &mut [f32],
+        x: &[f32],
         batch: &ForwardBatch,
         offsets: &[usize],
         rope: (&[f32], &[f32]),
         attention: &impl BatchAttention,
-    ) {
+    ) -> Vec<f32> {
         let (cos, sin) = rope;
         let c = &self.model.config;
         let layer = &self.model.layers[l];
@@ -209,17 +212,48 @@ impl CpuRunner {
             num_heads: c.num_heads,
             head_dim: d,
         });
-        let o = matmul(&attn, &layer.o_proj, t, qd, h);
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        matmul(&attn, &layer.o_proj, t, qd, h)
+        // END SOLUTION
+    }
 
+    /// The MLP half of decoder layer `l` (SwiGLU) over all rows of `x`; returns what the layer
+    /// adds to `x`.
+    pub fn mlp_block(&self, l: usize, x: &[f32]) -> Vec<f32> {
+        let c = &self.model.config;
+        let layer = &self.model.layers[l];
+        let (h, t) = (c.hidden_size, x.len() / c.hidden_size);
+        // BEGIN SOLUTION
         let mut normed = x.to_vec();
         rms_norm(&mut normed, &layer.post_norm, c.rms_norm_eps);
         let gate_up = matmul(&normed, &layer.gate_up, t, h, 2 * c.intermediate_size);
         let act = silu_mul(&gate_up, c.intermediate_size);
-        let down = matmul(&act, &layer.down, t, c.intermediate_size, h);
-        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        matmul(&act, &layer.down, t, c.intermediate_size, h)
         // END SOLUTION
     }
+}
+
+/// The row of each sequence's first token in the batch's concatenated tokens, and every
+/// token's position in its sequence.
+pub fn batch_rows(batch: &ForwardBatch) -> (Vec<usize>, Vec<usize>) {
+    let mut offsets = Vec::with_capacity(batch.seqs.len());
+    let mut positions = Vec::with_capacity(batch.num_tokens());
+    for s in &batch.seqs {
+        offsets.push(positions.len());
+        positions.extend(s.start_pos..s.start_pos + s.tokens.len());
+    }
+    (offsets, positions)
+}
+
+/// The rows of `x` (`width` wide) that need logits: the last token of each sampling sequence.
+pub fn sampled_rows(batch: &ForwardBatch, offsets: &[usize], x: &[f32], width: usize) -> Vec<f32> {
+    let mut rows = Vec::new();
+    for (s, &off) in batch.seqs.iter().zip(offsets) {
+        if s.sample.is_some() {
+            let last = off + s.tokens.len() - 1;
+            rows.extend_from_slice(&x[last * width..(last + 1) * width]);
+        }
+    }
+    rows
 }
 
 impl ModelRunner for CpuRunner {
@@ -254,28 +288,20 @@ impl CpuRunner {
         validate_batch(batch, &self.limits())?;
         let c = self.model.config.clone();
         let h = c.hidden_size;
-        let mut offsets = Vec::with_capacity(batch.seqs.len());
-        let mut positions = Vec::with_capacity(batch.num_tokens());
+        let (offsets, positions) = batch_rows(batch);
         let mut x = Vec::with_capacity(batch.num_tokens() * h);
-        for s in &batch.seqs {
-            offsets.push(positions.len());
-            for (j, &tok) in s.tokens.iter().enumerate() {
-                positions.push(s.start_pos + j);
-                x.extend_from_slice(&self.model.embed[tok as usize * h..(tok as usize + 1) * h]);
-            }
+        for &tok in batch.seqs.iter().flat_map(|s| &s.tokens) {
+            x.extend_from_slice(&self.model.embed[tok as usize * h..(tok as usize + 1) * h]);
         }
         let (cos, sin) = c.rope.tables(&positions);
         for l in 0..c.num_layers {
-            self.layer(l, &mut x, batch, &offsets, (&cos, &sin), attention);
+            let o = self.attention_block(l, &x, batch, &offsets, (&cos, &sin), attention);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let down = self.mlp_block(l, &x);
+            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
         // Only the last token of each sampling sequence needs logits.
-        let mut rows = Vec::new();
-        for (s, &off) in batch.seqs.iter().zip(&offsets) {
-            if s.sample.is_some() {
-                let last = off + s.tokens.len() - 1;
-                rows.extend_from_slice(&x[last * h..(last + 1) * h]);
-            }
-        }
+        let mut rows = sampled_rows(batch, &offsets, &x, h);
         rms_norm(&mut rows, &self.model.final_norm, c.rms_norm_eps);
         let n = rows.len() / h;
         let data = matmul(&rows, self.model.output_matrix(), n, h, c.vocab_size);

@@ -34,7 +34,9 @@ mod weights;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig};
-pub use cpu_runner::{BatchAttention, CpuRunner, LayerAttention, PagedAttention};
+pub use cpu_runner::{
+    BatchAttention, CpuRunner, LayerAttention, PagedAttention, batch_rows, sampled_rows,
+};
 pub use decode_manager::{DecodeManager, DecodePlan};
 pub use error::Error;
 pub use fixtures::{Fixture, FixtureCase};

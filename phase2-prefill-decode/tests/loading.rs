@@ -65,7 +65,10 @@ fn sharded_checkpoints_load_through_their_index() {
 
     // Positioned reads of any piece of any shard give the memory map's bytes.
     let w = Weights::open(&dir).unwrap();
-    for name in ["model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight"] {
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    ] {
         let data = w.tensor(name).unwrap().data;
         let mut piece = vec![0u8; 100];
         w.read_bytes(name, 34, &mut piece).unwrap();

@@ -178,6 +178,31 @@ impl ModelRunner for CascadeCpuRunner {
     }
 }
 
+/// [`ChunkRunner::copy_kv`] on a CPU runner's store: every layer's K/V of `src` copied into the
+/// slots of `dst`, keys turned by `rope_shift` positions.
+pub fn copy_kv_rotated(
+    runner: &mut CpuRunner,
+    src: &BlockTable,
+    dst: &BlockTable,
+    rope_shift: i64,
+) -> Result<(), Error> {
+    let (ps, pages) = (runner.page_size(), runner.num_pages());
+    check_copy_kv(src, dst, ps, pages)?;
+    let c = runner.model().config.clone();
+    // One rotation for every token: the angle depends only on the shift.
+    let (cos, sin) = c.rope.shift_tables(rope_shift);
+    let store = runner.store_mut();
+    for layer in 0..c.num_layers {
+        for i in 0..src.num_tokens() {
+            let (a, b) = (src.slot(i, ps), dst.slot(i, ps));
+            store.copy_slot(layer, (a.page, a.offset), (b.page, b.offset), |k| {
+                apply_rope(k, &cos, &sin)
+            });
+        }
+    }
+    Ok(())
+}
+
 impl ChunkRunner for CascadeCpuRunner {
     fn copy_kv(
         &mut self,
@@ -185,21 +210,7 @@ impl ChunkRunner for CascadeCpuRunner {
         dst: &BlockTable,
         rope_shift: i64,
     ) -> Result<(), Error> {
-        let (ps, pages) = (self.inner.page_size(), self.inner.num_pages());
-        check_copy_kv(src, dst, ps, pages)?;
-        let c = self.inner.model().config.clone();
-        // One rotation for every token: the angle depends only on the shift.
-        let (cos, sin) = c.rope.shift_tables(rope_shift);
-        let store = self.inner.store_mut();
-        for layer in 0..c.num_layers {
-            for i in 0..src.num_tokens() {
-                let (a, b) = (src.slot(i, ps), dst.slot(i, ps));
-                store.copy_slot(layer, (a.page, a.offset), (b.page, b.offset), |k| {
-                    apply_rope(k, &cos, &sin)
-                });
-            }
-        }
-        Ok(())
+        copy_kv_rotated(&mut self.inner, src, dst, rope_shift)
     }
 
     fn cascade_stats(&self) -> CascadeStats {

@@ -18,7 +18,7 @@ mod types;
 
 pub use cascade::{CascadeStats, SharedSegment, plan_cascade};
 pub use chunked_llm::{ChunkLLM, ChunkedLLM, QueuedFromChunks, VirtualSequence, cpu_chunk_llm};
-pub use cpu::{CascadeCpuRunner, chunk_cpu_runner, merge_states};
+pub use cpu::{CascadeCpuRunner, chunk_cpu_runner, copy_kv_rotated, merge_states};
 pub use store::metadata_map;
 pub use types::{
     Chunk, ChunkConfig, ChunkFilter, ChunkInfo, ChunkOutput, ChunkStats, ChunkType, Composition,

@@ -110,9 +110,9 @@ impl Config {
                 self.kvcache_block_size
             ));
         }
-        if self.tensor_parallel_size != 1 {
+        if !(1..=8).contains(&self.tensor_parallel_size) {
             return bad(format!(
-                "tensor_parallel_size = {}: only 1 is supported (one GPU per engine)",
+                "tensor_parallel_size = {}: must be 1 to 8",
                 self.tensor_parallel_size
             ));
         }
@@ -213,10 +213,10 @@ mod tests {
         );
         check(
             Config {
-                tensor_parallel_size: 2,
+                tensor_parallel_size: 9,
                 ..Config::default()
             },
-            "tensor_parallel_size = 2",
+            "tensor_parallel_size = 9: must be 1 to 8",
         );
         check(
             Config {

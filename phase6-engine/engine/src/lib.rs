@@ -21,5 +21,5 @@ pub use llm::{LLM, StepResult};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
 pub use phase2::{ChatMessage, GenerationConfig, default_model_dir, models_dir};
 pub use prompt::{Output, ParamsList, Prompt};
-pub use runner::{Runner, cpu_runner};
+pub use runner::{Runner, cpu_kv_pages, cpu_runner, load_cpu_model};
 pub use stream::{StreamPiece, TokenStream};

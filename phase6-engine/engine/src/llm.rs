@@ -68,6 +68,13 @@ impl LLM {
     ) -> Result<Self, Error> {
         config.validate()?;
         config.validate_for(&model_config)?;
+        if config.tensor_parallel_size > 1 {
+            return Err(Error::InvalidConfig(format!(
+                "tensor_parallel_size = {}: LLM::new runs one CPU runner; a tensor-parallel \
+                 runner is started with LLM::from_runner",
+                config.tensor_parallel_size
+            )));
+        }
         if let Device::Cuda(n) = config.device {
             return Err(Error::Cuda(format!(
                 "cuda:{n} asked for, but LLM::new runs the CPU runner: the CUDA runner is \

@@ -1,7 +1,7 @@
 //! The CPU runner of chapter 2, sized for the engine: its KV pages from `num_kvcache_blocks`
 //! or the byte budget `cpu_kv_cache_bytes`.
 
-use phase1::KvPool;
+use phase1::{KvLayout, KvPool};
 use phase2::{CpuRunner, Model, ModelConfig, Weights};
 
 use crate::config::{Config, Device};
@@ -18,12 +18,8 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
-/// The CPU runner with its KV pages sized from `num_kvcache_blocks` or the byte budget.
-pub fn cpu_runner(
-    model_config: ModelConfig,
-    weights: &Weights,
-    config: &Config,
-) -> Result<Runner<CpuRunner>, Error> {
+/// The model in the f32 form the CPU runs, with a line saying what it took when that was slow.
+pub fn load_cpu_model(model_config: ModelConfig, weights: &Weights) -> Result<Model, Error> {
     let start = std::time::Instant::now();
     let model = Model::from_weights(model_config, weights)?;
     let secs = start.elapsed().as_secs_f64();
@@ -37,7 +33,12 @@ pub fn cpu_runner(
             weights.total_bytes() as f64 / (1u64 << 30) as f64
         );
     }
-    let layout = CpuRunner::kv_layout_of(&model);
+    Ok(model)
+}
+
+/// Pages of the config's size for a K/V of `layout`: `num_kvcache_blocks`, or as many as the
+/// byte budget `cpu_kv_cache_bytes` holds. A budget that holds none is an error.
+pub fn cpu_kv_pages(layout: &KvLayout, config: &Config) -> Result<usize, Error> {
     let ps = config.kvcache_block_size;
     let pages = if config.num_kvcache_blocks > 0 {
         config.num_kvcache_blocks as usize
@@ -53,6 +54,19 @@ pub fn cpu_runner(
     }
     // The pool refuses impossible shapes before any memory is taken.
     KvPool::new(pages, ps).map_err(phase2::Error::from)?;
+    Ok(pages)
+}
+
+/// The CPU runner with its KV pages sized from `num_kvcache_blocks` or the byte budget.
+pub fn cpu_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+) -> Result<Runner<CpuRunner>, Error> {
+    let model = load_cpu_model(model_config, weights)?;
+    let layout = CpuRunner::kv_layout_of(&model);
+    let ps = config.kvcache_block_size;
+    let pages = cpu_kv_pages(&layout, config)?;
     let report = format!(
         "device cpu: KV cache of {pages} pages x {ps} tokens = {} tokens, {:.1} MiB (f32)",
         pages * ps,
