@@ -1,9 +1,11 @@
-//! Picking the runner: the CPU chunk runner, or the CUDA runner when this build has the `cuda`
-//! feature and the config asks for a GPU (or `auto` finds one), with overlap scheduling.
+//! Picking the runner: the CPU chunk runner, the tensor-parallel CPU runner when the config asks
+//! for more than one rank, or the CUDA runner when this build has the `cuda` feature and the
+//! config asks for a GPU (or `auto` finds one), with overlap scheduling.
 
 use phase2::{ModelConfig, Tokenizer, Weights};
 use phase6::{Config, Device, Error, LLM, Runner};
 use phase6_chunks::{ChunkLLM, ChunkRunner, chunk_cpu_runner};
+use phase6_tp::tp_cpu_runner;
 
 /// The runner the config asks for.
 pub fn build_runner(
@@ -11,6 +13,15 @@ pub fn build_runner(
     weights: &Weights,
     config: &Config,
 ) -> Result<Runner<dyn ChunkRunner>, Error> {
+    if config.tensor_parallel_size > 1 {
+        return match config.device {
+            Device::Cpu | Device::Auto => tp_cpu_runner(model_config, weights, config),
+            Device::Cuda(_) => Err(Error::Cuda(format!(
+                "tensor_parallel_size = {} runs on CPU ranks only in this build (--device cpu)",
+                config.tensor_parallel_size
+            ))),
+        };
+    }
     match config.device {
         Device::Cpu => chunk_cpu_runner(model_config, weights, config),
         Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {

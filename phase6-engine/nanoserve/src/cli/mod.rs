@@ -64,6 +64,9 @@ pub struct ModelArgs {
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Ranks the model is split over (Megatron-style tensor parallelism; CPU ranks are threads)
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     #[arg(long, default_value_t = 4096)]
     pub max_model_len: usize,
     #[arg(long, default_value_t = 512)]
@@ -105,7 +108,7 @@ impl ModelArgs {
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
             gpu_memory_utilization: self.gpu_memory_utilization,
-            tensor_parallel_size: 1,
+            tensor_parallel_size: self.tensor_parallel_size,
             enforce_eager: self.enforce_eager,
             overlap_scheduling: !self.no_overlap,
             kvcache_block_size: self.kvcache_block_size,
