@@ -7,6 +7,8 @@
 //! against the single-rank runner.
 
 pub mod collective;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod runner;
 pub mod shard;
 
