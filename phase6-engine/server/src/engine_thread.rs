@@ -26,13 +26,12 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
 use crate::active::{Active, Ended};
-use crate::api_types::PromptInput;
-use crate::errors::ApiError;
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
+use phase6::Error;
 use phase6::Prompt;
-use phase6::{Error, GenerationConfig};
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
+use phase6_openai::{Admitted, ApiError, EngineInfo, Finish, PromptInput};
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
 /// the channel to send it on.
@@ -42,6 +41,8 @@ pub enum Command {
     /// A quick call into the model between two steps (the chunk endpoints): the closure
     /// sends its own answer.
     Run(Box<dyn FnOnce(&mut ChunkedLLM) + Send>),
+    /// Ends every request in flight with this error (the end of a shutdown's grace period).
+    AbortAll(ApiError),
 }
 
 pub struct GenerateJob {
@@ -50,32 +51,6 @@ pub struct GenerateJob {
     pub stop: Vec<String>,
     pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
     pub events: UnboundedSender<GenEvent>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admitted {
-    pub id: SeqId,
-    pub prompt_tokens: usize,
-    /// Prompt tokens whose K/V came from chunks (`None` for plain prompts).
-    pub cached_tokens: Option<usize>,
-}
-
-/// Why a choice ended, in OpenAI's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// EOS, a stop token or a stop string.
-    Stop,
-    /// `max_tokens` or the model's length limit.
-    Length,
-}
-
-impl Finish {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
 }
 
 /// What an admitted request receives, in order: deltas, then `Finished` or `Failed`.
@@ -92,16 +67,6 @@ pub enum GenEvent {
         completion_tokens: usize,
     },
     Failed(ApiError),
-}
-
-/// What the server needs to know about the model before any request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineInfo {
-    /// Longest prompt + output, clamped to the model.
-    pub max_model_len: usize,
-    pub vocab_size: usize,
-    /// The model's sampling defaults, for the fields a request leaves out.
-    pub generation_config: GenerationConfig,
 }
 
 /// An admitted request: its id, prompt size and the stream of its events.
@@ -216,6 +181,11 @@ impl EngineHandle {
         Ok(Generation { admitted, events })
     }
 
+    /// Ends every request in flight with `why`: streams get it as their last event.
+    pub fn abort_all(&self, why: ApiError) {
+        let _ = self.commands.send(Command::AbortAll(why));
+    }
+
     pub async fn stats(&self) -> Result<EngineStats, ApiError> {
         self.call(Command::Stats).await
     }
@@ -325,6 +295,7 @@ impl EngineLoop {
                 let _ = reply.send(self.counters.snapshot(&self.model, Instant::now()));
             }
             Command::Run(f) => f(&mut self.model),
+            Command::AbortAll(why) => self.end_all(why),
         }
     }
 
@@ -444,6 +415,11 @@ impl EngineLoop {
             Error::OutOfMemory(why) => ApiError::unavailable(format!("out of KV memory: {why}")),
             other => ApiError::internal(format!("engine step failed: {other}")),
         };
+        self.end_all(err);
+    }
+
+    /// Ends every request in flight with `err` and gives their pages back.
+    fn end_all(&mut self, err: ApiError) {
         for (id, a) in self.active.drain() {
             a.fail(err.clone());
             self.model.llm_mut().abort(id);

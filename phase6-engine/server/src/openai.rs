@@ -9,12 +9,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::api_types::{Endpoint, GenerationRequest, ResponseShape, Usage};
-use crate::body::JsonBody;
 use crate::engine_thread::{GenEvent, Generation};
-use crate::errors::ApiError;
 use crate::routes::AppState;
-use crate::{request, sse};
+use crate::sse;
+use phase6_openai::{
+    ApiError, Endpoint, GenerationRequest, JsonBody, ResponseShape, Usage, request,
+};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()

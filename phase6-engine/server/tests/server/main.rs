@@ -11,3 +11,4 @@ mod harness;
 mod load;
 mod openai_python;
 mod shutdown;
+mod timeouts;

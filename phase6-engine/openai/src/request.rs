@@ -1,4 +1,4 @@
-//! From a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
+//! Chapter 6.3: from a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
 //! `/v1/chat/completions`, their defaults (the model's `generation_config.json` where it sets
 //! one, as vLLM does, else OpenAI's), and a 400 naming the field for anything this server
 //! cannot do as asked.
@@ -11,9 +11,8 @@ use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
 use serde_json::Value;
 
-use crate::api_types::{GenerationRequest, PromptInput};
+use crate::api_types::{EngineInfo, GenerationRequest, PromptInput};
 use crate::body::{JsonBody, kind_of};
-use crate::engine_thread::EngineInfo;
 use crate::errors::ApiError;
 use phase6_chunks::Composition;
 
