@@ -37,6 +37,8 @@ pub struct EngineInfo {
     /// Longest prompt + output, clamped to the model.
     pub max_model_len: usize,
     pub vocab_size: usize,
+    /// Tokens the KV pool holds in all: no request may need more (prompt + `max_tokens`).
+    pub kv_capacity_tokens: usize,
     /// The model's sampling defaults, for the fields a request leaves out.
     pub generation_config: GenerationConfig,
 }
@@ -75,6 +77,8 @@ pub struct GenerationRequest {
     pub model: Option<String>,
     pub prompt: PromptInput,
     pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (else it is a default, cut to the room left).
+    pub max_tokens_set: bool,
     /// Stop strings (never empty strings).
     pub stop: Vec<String>,
     pub stream: bool,

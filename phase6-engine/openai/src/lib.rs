@@ -8,6 +8,7 @@
 mod api_types;
 mod body;
 mod errors;
+mod limits;
 pub mod request;
 
 pub use api_types::{
@@ -15,3 +16,4 @@ pub use api_types::{
 };
 pub use body::{JsonBody, kind_of};
 pub use errors::ApiError;
+pub use limits::RequestLimits;

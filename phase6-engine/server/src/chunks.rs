@@ -197,7 +197,7 @@ pub async fn delete(
 /// `/v1/completions`; answers as `/v1/completions` does, with the prompt tokens served from
 /// chunk K/V in `usage.prompt_tokens_details.cached_tokens`.
 pub async fn generate(State(app): State<AppState>, body: JsonBody) -> Result<Response, ApiError> {
-    let req = request::chunk_generation(&body, app.engine.info())?;
+    let req = request::chunk_generation(&body, app.engine.info(), &app.request_limits)?;
     openai::generate(&app, req, Endpoint::Completions).await
 }
 

@@ -31,6 +31,7 @@ use crate::stop::StopStrings;
 use phase6::Error;
 use phase6::Prompt;
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
+use phase6_openai::request::fit_to_context;
 use phase6_openai::{Admitted, ApiError, EngineInfo, Finish, PromptInput};
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
@@ -48,6 +49,8 @@ pub enum Command {
 pub struct GenerateJob {
     pub prompt: PromptInput,
     pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
+    pub max_tokens_set: bool,
     pub stop: Vec<String>,
     pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
     pub events: UnboundedSender<GenEvent>,
@@ -117,13 +120,15 @@ impl EngineHandle {
                 match model {
                     Ok(model) => {
                         let llm = model.llm();
+                        let pool = llm.kv_pool();
                         let info = EngineInfo {
                             max_model_len: llm.config().max_model_len,
+                            kv_capacity_tokens: pool.num_pages() * pool.page_size(),
                             vocab_size: llm.model_config().vocab_size,
                             generation_config: llm.generation_config().clone(),
                         };
-                        let _ = ready_tx.send(Ok(info));
-                        EngineLoop::new(model, inbox).run();
+                        let _ = ready_tx.send(Ok(info.clone()));
+                        EngineLoop::new(model, info, inbox).run();
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -164,6 +169,7 @@ impl EngineHandle {
         &self,
         prompt: PromptInput,
         params: SamplingParams,
+        max_tokens_set: bool,
         stop: Vec<String>,
     ) -> Result<Generation, ApiError> {
         let (events_tx, events) = unbounded_channel();
@@ -172,6 +178,7 @@ impl EngineHandle {
                 Command::Generate(GenerateJob {
                     prompt,
                     params,
+                    max_tokens_set,
                     stop,
                     admitted,
                     events: events_tx,
@@ -211,8 +218,10 @@ struct Queued {
     tokens: Receiver<StreamEvent>,
 }
 
-/// Every chunk of a composition exists and plays its part; the error names the field.
-fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<(), ApiError> {
+/// Every chunk of a composition exists and plays its part (the error names the field);
+/// returns the composition's length in tokens, known before any K/V is computed.
+fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<usize, ApiError> {
+    let mut total = 0;
     let parts = std::iter::once((
         "system_id".to_string(),
         &c.system_id,
@@ -242,21 +251,24 @@ fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<(), ApiError
                 ),
             ));
         }
+        total += chunk.info.token_count;
     }
-    Ok(())
+    Ok(total)
 }
 
 struct EngineLoop {
     model: ChunkedLLM,
+    info: EngineInfo,
     inbox: Receiver<Command>,
     active: HashMap<SeqId, Active>,
     counters: Counters,
 }
 
 impl EngineLoop {
-    fn new(model: ChunkedLLM, inbox: Receiver<Command>) -> Self {
+    fn new(model: ChunkedLLM, info: EngineInfo, inbox: Receiver<Command>) -> Self {
         Self {
             model,
+            info,
             inbox,
             active: HashMap::new(),
             counters: Counters::new(Instant::now()),
@@ -282,7 +294,7 @@ impl EngineLoop {
             if !self.model.llm().is_finished()
                 && let Err(e) = self.model.llm_mut().step()
             {
-                self.fail_all(e);
+                self.step_failed(e);
             }
             self.forward();
         }
@@ -300,12 +312,19 @@ impl EngineLoop {
     }
 
     /// Tokenizes the prompt (or builds the composition) and queues the request.
-    fn queue(&mut self, prompt: PromptInput, params: SamplingParams) -> Result<Queued, ApiError> {
+    fn queue(
+        &mut self,
+        prompt: PromptInput,
+        mut params: SamplingParams,
+        max_tokens_set: bool,
+    ) -> Result<Queued, ApiError> {
         let param = prompt.param();
         let rejected = |e| ApiError::rejected(e, param);
+        let info = &self.info;
         let ids = match prompt {
             PromptInput::Chunks(composition) => {
-                check_composition(&self.model, &composition)?;
+                let len = check_composition(&self.model, &composition)?;
+                fit_to_context(&mut params, max_tokens_set, len, info, param)?;
                 let q = self
                     .model
                     .add_request_from_chunks(&composition, params)
@@ -330,6 +349,7 @@ impl EngineLoop {
             }
         };
         let prompt_tokens = ids.len();
+        fit_to_context(&mut params, max_tokens_set, prompt_tokens, info, param)?;
         let (id, tokens) = self
             .model
             .llm_mut()
@@ -346,7 +366,7 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        match self.queue(job.prompt, job.params) {
+        match self.queue(job.prompt, job.params, job.max_tokens_set) {
             Err(e) => {
                 self.counters.rejected();
                 let _ = job.admitted.send(Err(e));
@@ -404,18 +424,27 @@ impl EngineLoop {
         }
     }
 
-    /// A step failed: which request caused it is unknown, so every request in flight ends
-    /// with the error and gives its pages back; the loop itself goes on.
-    fn fail_all(&mut self, e: Error) {
+    /// A step failed. Out of KV memory (admission keeps any one request within the pool, so
+    /// only requests sharing it can get here), the newest request ends alone, as vLLM's
+    /// scheduler would preempt it, and the others go on. Any other failure cannot be pinned
+    /// on one request, so every request in flight ends with the error and gives its pages
+    /// back; the loop itself goes on.
+    fn step_failed(&mut self, e: Error) {
+        if let Error::OutOfMemory(why) = &e
+            && let Some(&newest) = self.active.keys().max()
+        {
+            eprintln!("nanoserve: out of KV memory ({why}); ending request {newest}");
+            if let Some(a) = self.active.get(&newest) {
+                a.fail(ApiError::unavailable(format!("out of KV memory: {why}")));
+            }
+            self.end(newest, Ended::Failed);
+            return;
+        }
         eprintln!(
             "nanoserve: engine step failed ({e}); ending the {} requests in flight",
             self.active.len()
         );
-        let err = match e {
-            Error::OutOfMemory(why) => ApiError::unavailable(format!("out of KV memory: {why}")),
-            other => ApiError::internal(format!("engine step failed: {other}")),
-        };
-        self.end_all(err);
+        self.end_all(ApiError::internal(format!("engine step failed: {e}")));
     }
 
     /// Ends every request in flight with `err` and gives their pages back.

@@ -38,7 +38,7 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 
 pub use engine_thread::EngineHandle;
 pub use phase6_http::{Drained, Limits};
-pub use phase6_openai::{ApiError, EngineInfo};
+pub use phase6_openai::{ApiError, EngineInfo, RequestLimits};
 pub use stats::{EngineStats, FinishCounts};
 
 use routes::AppState;
@@ -54,6 +54,8 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// How long a client has to send a request's body once its headers came (408 after).
     pub body_timeout: Duration,
+    /// What one request may ask for: stop strings, context ids.
+    pub requests: RequestLimits,
     /// The connection layer's limits: connections, header and idle timeouts, shutdown grace.
     pub limits: Limits,
 }
@@ -65,6 +67,7 @@ impl Default for ServeOptions {
             api_key: None,
             max_body_bytes: 1 << 20,
             body_timeout: Duration::from_secs(30),
+            requests: RequestLimits::default(),
             limits: Limits::default(),
         }
     }
@@ -93,6 +96,7 @@ impl Server {
             api_key: options.api_key.map(Arc::from),
             max_body_bytes: options.max_body_bytes,
             body_timeout: options.body_timeout,
+            request_limits: Arc::new(options.requests),
             started: openai::unix_now(),
         };
         Ok(Self {

@@ -24,6 +24,7 @@ pub struct AppState {
     pub api_key: Option<Arc<str>>,
     pub max_body_bytes: usize,
     pub body_timeout: std::time::Duration,
+    pub request_limits: Arc<phase6_openai::RequestLimits>,
     /// Unix seconds when the server started: the model's `created`, and part of answer ids.
     pub started: u64,
 }
