@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::ModelArgs;
 use phase6::Error;
-use phase6_server::{Drained, EngineHandle, Limits, ServeOptions, Server};
+use phase6_server::{Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -42,6 +42,15 @@ pub struct ServeArgs {
     /// with an error
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..))]
     pub shutdown_grace: u64,
+    /// Stop strings one request may give
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_strings)]
+    pub max_stop_strings: usize,
+    /// Bytes of one stop string
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_string_bytes)]
+    pub max_stop_string_bytes: usize,
+    /// Context chunks one /v1/chunks/generate may compose
+    #[arg(long, default_value_t = RequestLimits::default().max_context_ids)]
+    pub max_context_ids: usize,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -79,6 +88,11 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         body_timeout: Duration::from_secs(args.body_timeout),
+        requests: RequestLimits {
+            max_stop_strings: args.max_stop_strings,
+            max_stop_string_bytes: args.max_stop_string_bytes,
+            max_context_ids: args.max_context_ids,
+        },
         limits: Limits {
             max_connections: args.max_connections,
             header_timeout: Duration::from_secs(args.header_timeout),
