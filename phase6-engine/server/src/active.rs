@@ -10,9 +10,9 @@ use phase2::{StreamDecoder, Tokenizer};
 use phase5::StreamEvent;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::engine_thread::{Finish, GenEvent};
-use crate::errors::ApiError;
+use crate::engine_thread::GenEvent;
 use crate::stop::{Scan, StopStrings};
+use phase6_openai::{ApiError, Finish};
 
 /// How a request left the engine thread's care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::errors::ApiError;
 use crate::routes::AppState;
+use phase6_openai::ApiError;
 
 /// Equal contents, compared without an early exit.
 fn same(a: &[u8], b: &[u8]) -> bool {

@@ -1,64 +1,29 @@
-//! Reading a request body: the size limit first, then one JSON object whose fields are read
-//! one at a time. Reading field by field (rather than deriving one struct) is what lets every
-//! error name its field: serde's own messages for a whole struct give a line and a column,
-//! which a client cannot act on.
+//! Chapter 6.3: a request body as the handlers take it: declared JSON, read within the body
+//! timeout and the size limit, then parsed as one JSON object (`phase6_openai::JsonBody`).
+//!
+//! The declared type matters for safety, not parsing: a web page may send a cross-site POST
+//! without asking first only as `text/plain`, a form or multipart, so refusing every other
+//! type than JSON keeps any page a user visits from driving a server on their machine.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use axum::http::{StatusCode, header};
+use phase6_openai::{ApiError, JsonBody};
 
-use crate::errors::ApiError;
 use crate::routes::AppState;
-
-/// A request body that parsed as a JSON object.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JsonBody(Map<String, Value>);
-
-impl JsonBody {
-    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        match serde_json::from_slice::<Value>(bytes) {
-            Ok(Value::Object(map)) => Ok(Self(map)),
-            Ok(other) => Err(ApiError::bad_request(format!(
-                "the body must be a JSON object, not {}",
-                kind_of(&other)
-            ))),
-            Err(e) => Err(ApiError::bad_request(format!("malformed JSON body: {e}"))),
-        }
-    }
-
-    /// A field's value; absent and `null` are both `None`.
-    pub fn raw(&self, name: &str) -> Option<&Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    /// A field as a typed value; absent and `null` are `None`, a wrong type is a 400 naming it.
-    pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
-        self.raw(name)
-            .map(|v| T::deserialize(v).map_err(|e| ApiError::invalid(name, format!("{name}: {e}"))))
-            .transpose()
-    }
-}
-
-/// How a JSON value is called in messages.
-pub fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
 
 impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
+        let declared = req.headers().get(header::CONTENT_TYPE);
+        if !declared.and_then(|v| v.to_str().ok()).is_some_and(is_json) {
+            return Err(ApiError::unsupported_media_type());
+        }
+        let read = tokio::time::timeout(state.body_timeout, Bytes::from_request(req, state));
+        let bytes = read
             .await
+            .map_err(|_| ApiError::timeout(state.body_timeout))?
             .map_err(|r| match r.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body_bytes),
                 _ => ApiError::bad_request(r.body_text()),
@@ -67,27 +32,10 @@ impl FromRequest<AppState> for JsonBody {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_name_the_field() {
-        let body = JsonBody::parse(br#"{"temperature": "hot", "top_k": null, "n": 1}"#).unwrap();
-        let err = body.get::<f32>("temperature").unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("temperature"));
-        assert!(err.message.starts_with("temperature: invalid type: string"));
-        assert_eq!(body.get::<i32>("top_k").unwrap(), None);
-        assert_eq!(body.get::<u32>("n").unwrap(), Some(1));
-        assert_eq!(body.get::<u32>("absent").unwrap(), None);
-    }
-
-    #[test]
-    fn only_objects_are_bodies() {
-        let err = JsonBody::parse(b"[1, 2]").unwrap_err();
-        assert_eq!(err.message, "the body must be a JSON object, not a list");
-        let err = JsonBody::parse(b"{\"prompt\": ").unwrap_err();
-        assert!(err.message.starts_with("malformed JSON body: "), "{err:?}");
-        assert_eq!(err.param, None);
-    }
+/// `application/json`, or a `+json` type, with any parameters (`; charset=utf-8`).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let essence = essence.to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }

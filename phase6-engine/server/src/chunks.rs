@@ -15,13 +15,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::api_types::Endpoint;
-use crate::body::{JsonBody, kind_of};
-use crate::errors::ApiError;
 use crate::openai;
-use crate::request;
 use crate::routes::AppState;
 use phase6_chunks::{ChunkFilter, ChunkInfo, ChunkType};
+use phase6_openai::{ApiError, Endpoint, JsonBody, kind_of, request};
 
 fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -200,7 +197,7 @@ pub async fn delete(
 /// `/v1/completions`; answers as `/v1/completions` does, with the prompt tokens served from
 /// chunk K/V in `usage.prompt_tokens_details.cached_tokens`.
 pub async fn generate(State(app): State<AppState>, body: JsonBody) -> Result<Response, ApiError> {
-    let req = request::chunk_generation(&body, app.engine.info())?;
+    let req = request::chunk_generation(&body, app.engine.info(), &app.request_limits)?;
     openai::generate(&app, req, Endpoint::Completions).await
 }
 

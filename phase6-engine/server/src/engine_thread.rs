@@ -26,13 +26,13 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
 use crate::active::{Active, Ended};
-use crate::api_types::PromptInput;
-use crate::errors::ApiError;
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
+use phase6::Error;
 use phase6::Prompt;
-use phase6::{Error, GenerationConfig};
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
+use phase6_openai::request::fit_to_context;
+use phase6_openai::{Admitted, ApiError, EngineInfo, Finish, PromptInput};
 
 /// What the HTTP side may ask of the engine. Each variant that expects an answer carries
 /// the channel to send it on.
@@ -42,40 +42,18 @@ pub enum Command {
     /// A quick call into the model between two steps (the chunk endpoints): the closure
     /// sends its own answer.
     Run(Box<dyn FnOnce(&mut ChunkedLLM) + Send>),
+    /// Ends every request in flight with this error (the end of a shutdown's grace period).
+    AbortAll(ApiError),
 }
 
 pub struct GenerateJob {
     pub prompt: PromptInput,
     pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
+    pub max_tokens_set: bool,
     pub stop: Vec<String>,
     pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
     pub events: UnboundedSender<GenEvent>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admitted {
-    pub id: SeqId,
-    pub prompt_tokens: usize,
-    /// Prompt tokens whose K/V came from chunks (`None` for plain prompts).
-    pub cached_tokens: Option<usize>,
-}
-
-/// Why a choice ended, in OpenAI's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// EOS, a stop token or a stop string.
-    Stop,
-    /// `max_tokens` or the model's length limit.
-    Length,
-}
-
-impl Finish {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
 }
 
 /// What an admitted request receives, in order: deltas, then `Finished` or `Failed`.
@@ -92,16 +70,6 @@ pub enum GenEvent {
         completion_tokens: usize,
     },
     Failed(ApiError),
-}
-
-/// What the server needs to know about the model before any request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineInfo {
-    /// Longest prompt + output, clamped to the model.
-    pub max_model_len: usize,
-    pub vocab_size: usize,
-    /// The model's sampling defaults, for the fields a request leaves out.
-    pub generation_config: GenerationConfig,
 }
 
 /// An admitted request: its id, prompt size and the stream of its events.
@@ -152,13 +120,15 @@ impl EngineHandle {
                 match model {
                     Ok(model) => {
                         let llm = model.llm();
+                        let pool = llm.kv_pool();
                         let info = EngineInfo {
                             max_model_len: llm.config().max_model_len,
+                            kv_capacity_tokens: pool.num_pages() * pool.page_size(),
                             vocab_size: llm.model_config().vocab_size,
                             generation_config: llm.generation_config().clone(),
                         };
-                        let _ = ready_tx.send(Ok(info));
-                        EngineLoop::new(model, inbox).run();
+                        let _ = ready_tx.send(Ok(info.clone()));
+                        EngineLoop::new(model, info, inbox).run();
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -199,6 +169,7 @@ impl EngineHandle {
         &self,
         prompt: PromptInput,
         params: SamplingParams,
+        max_tokens_set: bool,
         stop: Vec<String>,
     ) -> Result<Generation, ApiError> {
         let (events_tx, events) = unbounded_channel();
@@ -207,6 +178,7 @@ impl EngineHandle {
                 Command::Generate(GenerateJob {
                     prompt,
                     params,
+                    max_tokens_set,
                     stop,
                     admitted,
                     events: events_tx,
@@ -214,6 +186,11 @@ impl EngineHandle {
             })
             .await??;
         Ok(Generation { admitted, events })
+    }
+
+    /// Ends every request in flight with `why`: streams get it as their last event.
+    pub fn abort_all(&self, why: ApiError) {
+        let _ = self.commands.send(Command::AbortAll(why));
     }
 
     pub async fn stats(&self) -> Result<EngineStats, ApiError> {
@@ -241,8 +218,10 @@ struct Queued {
     tokens: Receiver<StreamEvent>,
 }
 
-/// Every chunk of a composition exists and plays its part; the error names the field.
-fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<(), ApiError> {
+/// Every chunk of a composition exists and plays its part (the error names the field);
+/// returns the composition's length in tokens, known before any K/V is computed.
+fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<usize, ApiError> {
+    let mut total = 0;
     let parts = std::iter::once((
         "system_id".to_string(),
         &c.system_id,
@@ -272,21 +251,24 @@ fn check_composition(model: &ChunkedLLM, c: &Composition) -> Result<(), ApiError
                 ),
             ));
         }
+        total += chunk.info.token_count;
     }
-    Ok(())
+    Ok(total)
 }
 
 struct EngineLoop {
     model: ChunkedLLM,
+    info: EngineInfo,
     inbox: Receiver<Command>,
     active: HashMap<SeqId, Active>,
     counters: Counters,
 }
 
 impl EngineLoop {
-    fn new(model: ChunkedLLM, inbox: Receiver<Command>) -> Self {
+    fn new(model: ChunkedLLM, info: EngineInfo, inbox: Receiver<Command>) -> Self {
         Self {
             model,
+            info,
             inbox,
             active: HashMap::new(),
             counters: Counters::new(Instant::now()),
@@ -312,7 +294,7 @@ impl EngineLoop {
             if !self.model.llm().is_finished()
                 && let Err(e) = self.model.llm_mut().step()
             {
-                self.fail_all(e);
+                self.step_failed(e);
             }
             self.forward();
         }
@@ -325,16 +307,24 @@ impl EngineLoop {
                 let _ = reply.send(self.counters.snapshot(&self.model, Instant::now()));
             }
             Command::Run(f) => f(&mut self.model),
+            Command::AbortAll(why) => self.end_all(why),
         }
     }
 
     /// Tokenizes the prompt (or builds the composition) and queues the request.
-    fn queue(&mut self, prompt: PromptInput, params: SamplingParams) -> Result<Queued, ApiError> {
+    fn queue(
+        &mut self,
+        prompt: PromptInput,
+        mut params: SamplingParams,
+        max_tokens_set: bool,
+    ) -> Result<Queued, ApiError> {
         let param = prompt.param();
         let rejected = |e| ApiError::rejected(e, param);
+        let info = &self.info;
         let ids = match prompt {
             PromptInput::Chunks(composition) => {
-                check_composition(&self.model, &composition)?;
+                let len = check_composition(&self.model, &composition)?;
+                fit_to_context(&mut params, max_tokens_set, len, info, param)?;
                 let q = self
                     .model
                     .add_request_from_chunks(&composition, params)
@@ -359,6 +349,7 @@ impl EngineLoop {
             }
         };
         let prompt_tokens = ids.len();
+        fit_to_context(&mut params, max_tokens_set, prompt_tokens, info, param)?;
         let (id, tokens) = self
             .model
             .llm_mut()
@@ -375,7 +366,7 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        match self.queue(job.prompt, job.params) {
+        match self.queue(job.prompt, job.params, job.max_tokens_set) {
             Err(e) => {
                 self.counters.rejected();
                 let _ = job.admitted.send(Err(e));
@@ -433,17 +424,31 @@ impl EngineLoop {
         }
     }
 
-    /// A step failed: which request caused it is unknown, so every request in flight ends
-    /// with the error and gives its pages back; the loop itself goes on.
-    fn fail_all(&mut self, e: Error) {
+    /// A step failed. Out of KV memory (admission keeps any one request within the pool, so
+    /// only requests sharing it can get here), the newest request ends alone, as vLLM's
+    /// scheduler would preempt it, and the others go on. Any other failure cannot be pinned
+    /// on one request, so every request in flight ends with the error and gives its pages
+    /// back; the loop itself goes on.
+    fn step_failed(&mut self, e: Error) {
+        if let Error::OutOfMemory(why) = &e
+            && let Some(&newest) = self.active.keys().max()
+        {
+            eprintln!("nanoserve: out of KV memory ({why}); ending request {newest}");
+            if let Some(a) = self.active.get(&newest) {
+                a.fail(ApiError::unavailable(format!("out of KV memory: {why}")));
+            }
+            self.end(newest, Ended::Failed);
+            return;
+        }
         eprintln!(
             "nanoserve: engine step failed ({e}); ending the {} requests in flight",
             self.active.len()
         );
-        let err = match e {
-            Error::OutOfMemory(why) => ApiError::unavailable(format!("out of KV memory: {why}")),
-            other => ApiError::internal(format!("engine step failed: {other}")),
-        };
+        self.end_all(ApiError::internal(format!("engine step failed: {e}")));
+    }
+
+    /// Ends every request in flight with `err` and gives their pages back.
+    fn end_all(&mut self, err: ApiError) {
         for (id, a) in self.active.drain() {
             a.fail(err.clone());
             self.model.llm_mut().abort(id);

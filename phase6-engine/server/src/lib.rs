@@ -15,17 +15,14 @@
 //! away drops its end of the event channel, which is how the engine learns to abort it.
 
 mod active;
-mod api_types;
 mod auth;
 mod body;
 mod chunks;
 mod engine_thread;
-mod errors;
 #[cfg(feature = "exercises")]
 pub mod exercises;
 mod metrics;
 mod openai;
-mod request;
 mod routes;
 mod sse;
 mod stats;
@@ -34,12 +31,14 @@ mod stop;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use tokio::net::{TcpListener, ToSocketAddrs};
 
-pub use engine_thread::{EngineHandle, EngineInfo};
-pub use errors::ApiError;
+pub use engine_thread::EngineHandle;
+pub use phase6_http::{Drained, Limits};
+pub use phase6_openai::{ApiError, EngineInfo, RequestLimits};
 pub use stats::{EngineStats, FinishCounts};
 
 use routes::AppState;
@@ -53,6 +52,12 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Larger bodies are refused with 413.
     pub max_body_bytes: usize,
+    /// How long a client has to send a request's body once its headers came (408 after).
+    pub body_timeout: Duration,
+    /// What one request may ask for: stop strings, context ids.
+    pub requests: RequestLimits,
+    /// The connection layer's limits: connections, header and idle timeouts, shutdown grace.
+    pub limits: Limits,
 }
 
 impl Default for ServeOptions {
@@ -61,6 +66,9 @@ impl Default for ServeOptions {
             model_name: "tiny-shakespeare".into(),
             api_key: None,
             max_body_bytes: 1 << 20,
+            body_timeout: Duration::from_secs(30),
+            requests: RequestLimits::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -70,6 +78,8 @@ impl Default for ServeOptions {
 pub struct Server {
     listener: TcpListener,
     app: Router,
+    engine: EngineHandle,
+    limits: Limits,
 }
 
 impl Server {
@@ -81,15 +91,19 @@ impl Server {
     ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let state = AppState {
-            engine,
+            engine: engine.clone(),
             model_name: Arc::from(options.model_name),
             api_key: options.api_key.map(Arc::from),
             max_body_bytes: options.max_body_bytes,
+            body_timeout: options.body_timeout,
+            request_limits: Arc::new(options.requests),
             started: openai::unix_now(),
         };
         Ok(Self {
             listener,
             app: routes::router(state),
+            engine,
+            limits: options.limits,
         })
     }
 
@@ -97,18 +111,20 @@ impl Server {
         self.listener.local_addr()
     }
 
-    pub async fn run(self) -> io::Result<()> {
-        axum::serve(self.listener, self.app).await
+    pub async fn run(self) -> io::Result<Drained> {
+        self.run_until(std::future::pending()).await
     }
 
-    /// Serves until `shutdown` completes, then stops accepting connections and returns once
-    /// every request in flight has been answered (streams run to their end).
-    pub async fn run_until(
-        self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> io::Result<()> {
-        axum::serve(self.listener, self.app)
-            .with_graceful_shutdown(shutdown)
-            .await
+    /// Serves until `shutdown` completes, then stops accepting connections and lets every
+    /// request in flight run to its end for the shutdown grace period; the requests still
+    /// running then end with an error (a last error event for a stream), and it returns.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> io::Result<Drained> {
+        let engine = self.engine;
+        phase6_http::serve(self.listener, self.app, &self.limits, shutdown, move || {
+            engine.abort_all(ApiError::unavailable(
+                "the server is shutting down: the request did not finish within the grace period",
+            ))
+        })
+        .await
     }
 }

@@ -9,9 +9,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use crate::errors::ApiError;
 use crate::routes::AppState;
 use crate::stats::EngineStats;
+use phase6_openai::ApiError;
 
 fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
     let _ = writeln!(

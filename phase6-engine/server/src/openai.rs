@@ -9,12 +9,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::api_types::{Endpoint, GenerationRequest, ResponseShape, Usage};
-use crate::body::JsonBody;
 use crate::engine_thread::{GenEvent, Generation};
-use crate::errors::ApiError;
 use crate::routes::AppState;
-use crate::{request, sse};
+use crate::sse;
+use phase6_openai::{
+    ApiError, Endpoint, GenerationRequest, JsonBody, ResponseShape, Usage, request,
+};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -26,7 +26,7 @@ pub async fn completions(
     State(app): State<AppState>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let req = request::completion(&body, app.engine.info())?;
+    let req = request::completion(&body, app.engine.info(), &app.request_limits)?;
     generate(&app, req, Endpoint::Completions).await
 }
 
@@ -34,7 +34,7 @@ pub async fn chat_completions(
     State(app): State<AppState>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let req = request::chat(&body, app.engine.info())?;
+    let req = request::chat(&body, app.engine.info(), &app.request_limits)?;
     generate(&app, req, Endpoint::ChatCompletions).await
 }
 
@@ -70,7 +70,7 @@ pub async fn generate(
     }
     let generation = app
         .engine
-        .generate(req.prompt, req.params, req.stop)
+        .generate(req.prompt, req.params, req.max_tokens_set, req.stop)
         .await?;
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",

@@ -12,8 +12,8 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::engine_thread::EngineHandle;
-use crate::errors::ApiError;
 use crate::{auth, chunks, metrics, openai};
+use phase6_openai::ApiError;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -23,6 +23,8 @@ pub struct AppState {
     pub model_name: Arc<str>,
     pub api_key: Option<Arc<str>>,
     pub max_body_bytes: usize,
+    pub body_timeout: std::time::Duration,
+    pub request_limits: Arc<phase6_openai::RequestLimits>,
     /// Unix seconds when the server started: the model's `created`, and part of answer ids.
     pub started: u64,
 }

@@ -15,9 +15,8 @@ use futures_util::stream;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::api_types::{ResponseShape, Usage};
-use crate::engine_thread::{Admitted, GenEvent, Generation};
-use crate::errors::ApiError;
+use crate::engine_thread::{GenEvent, Generation};
+use phase6_openai::{Admitted, ApiError, ResponseShape, Usage};
 
 /// One event of the stream.
 pub fn frame(data: &str) -> Bytes {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use phase1::PageId;
 
 use crate::active::Ended;
-use crate::engine_thread::Finish;
 use phase6_chunks::ChunkedLLM;
+use phase6_openai::Finish;
 
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 

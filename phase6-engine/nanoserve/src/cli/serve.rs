@@ -1,11 +1,13 @@
 //! `nanoserve serve`: the OpenAI-compatible HTTP server (see `phase6::server`). The model is
 //! built on the engine thread; the HTTP side runs on a tokio runtime made here.
 
+use std::time::Duration;
+
 use clap::Args;
 
 use super::ModelArgs;
 use phase6::Error;
-use phase6_server::{EngineHandle, ServeOptions, Server};
+use phase6_server::{Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -23,6 +25,32 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes (larger ones get 413)
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// Connections served at once; more wait to be accepted
+    #[arg(long, default_value_t = Limits::default().max_connections, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..), |n| n as usize))]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers (after connecting or after the
+    /// previous answer, so it also closes idle connections)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body once its headers came (408 after)
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
+    /// Seconds a client may accept no byte of an answer before its connection is dropped
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout: u64,
+    /// Seconds the requests in flight may run after SIGINT or SIGTERM; the rest then end
+    /// with an error
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..))]
+    pub shutdown_grace: u64,
+    /// Stop strings one request may give
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_strings)]
+    pub max_stop_strings: usize,
+    /// Bytes of one stop string
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_string_bytes)]
+    pub max_stop_string_bytes: usize,
+    /// Context chunks one /v1/chunks/generate may compose
+    #[arg(long, default_value_t = RequestLimits::default().max_context_ids)]
+    pub max_context_ids: usize,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -41,18 +69,16 @@ impl ServeArgs {
     }
 }
 
-/// Completes at the first Ctrl-C: the server stops accepting and finishes what is in flight.
-/// A second Ctrl-C exits at once.
-async fn stop_on_ctrl_c() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        // No signal handler could be installed: serve until the process is killed.
-        std::future::pending::<()>().await;
-    }
-    eprintln!("stopping: finishing the requests in flight (Ctrl-C again quits now)");
+/// Completes at the first SIGINT or SIGTERM: the server stops accepting and finishes what is
+/// in flight. A second signal exits at once.
+async fn stop_on_signal(grace: Duration) {
+    phase6_http::stop_signal().await;
+    eprintln!(
+        "stopping: finishing the requests in flight for up to {grace:?} (a second signal quits now)"
+    );
     tokio::spawn(async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(130);
-        }
+        phase6_http::stop_signal().await;
+        std::process::exit(130);
     });
 }
 
@@ -61,11 +87,24 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
         model_name: args.model_name(),
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
+        body_timeout: Duration::from_secs(args.body_timeout),
+        requests: RequestLimits {
+            max_stop_strings: args.max_stop_strings,
+            max_stop_string_bytes: args.max_stop_string_bytes,
+            max_context_ids: args.max_context_ids,
+        },
+        limits: Limits {
+            max_connections: args.max_connections,
+            header_timeout: Duration::from_secs(args.header_timeout),
+            idle_timeout: Duration::from_secs(args.idle_timeout),
+            shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        },
     };
+    let options_grace = options.limits.shutdown_grace;
     let model = args.model.clone();
     let engine = EngineHandle::spawn(move || model.load())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_io()
+        .enable_all()
         .thread_name("nano-http")
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the async runtime: {e}")))?;
@@ -79,11 +118,17 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
             .local_addr()
             .map_err(|e| Error::Internal(e.to_string()))?;
         eprintln!("serving {name} at http://{addr}/v1 (also /health, /metrics); Ctrl-C stops");
-        server
-            .run_until(stop_on_ctrl_c())
+        let grace = options_grace;
+        let drained = server
+            .run_until(stop_on_signal(grace))
             .await
             .map_err(|e| Error::Internal(format!("server: {e}")))?;
-        eprintln!("stopped: every request in flight was answered");
+        match drained {
+            Drained::InTime => eprintln!("stopped: every request in flight was answered"),
+            Drained::AtDeadline => {
+                eprintln!("stopped: the requests still running after {grace:?} ended with an error")
+            }
+        }
         Ok(())
     })
 }

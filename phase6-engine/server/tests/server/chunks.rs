@@ -248,7 +248,10 @@ async fn bad_chunk_requests_name_their_field() {
         )
         .await;
     let message = assert_error(status, &answer, bad, Some("context_ids"));
-    assert!(message.contains("at most 511"), "{message}");
+    assert!(
+        message.contains("maximum context length is 512"),
+        "{message}"
+    );
     let (status, answer) = s
         .post_json(
             "/v1/chunks/generate",

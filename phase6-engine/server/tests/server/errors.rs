@@ -117,7 +117,10 @@ async fn bad_requests_name_their_field() {
         .post_json("/v1/completions", &json!({"prompt": long}))
         .await;
     let message = assert_error(status, &answer, bad, Some("prompt"));
-    assert!(message.contains("at most 511"), "{message}");
+    assert!(
+        message.contains("maximum context length is 512"),
+        "{message}"
+    );
     assert_eq!(answer["error"]["code"], "context_length_exceeded");
     let (status, answer) = s
         .post_json(

@@ -29,8 +29,21 @@ pub struct TestServer {
 
 /// Starts a server on the current runtime; it stops when the test's runtime ends.
 pub async fn start(options: ServeOptions) -> TestServer {
-    let engine = tokio::task::spawn_blocking(|| {
-        EngineHandle::spawn(|| cpu_chunk_llm(phase6::default_model_dir(), config()))
+    start_on(config(), options).await
+}
+
+/// A server whose KV pool has only `blocks` pages.
+pub async fn start_with_blocks(blocks: i64, options: ServeOptions) -> TestServer {
+    let config = Config {
+        num_kvcache_blocks: blocks,
+        ..config()
+    };
+    start_on(config, options).await
+}
+
+async fn start_on(config: Config, options: ServeOptions) -> TestServer {
+    let engine = tokio::task::spawn_blocking(move || {
+        EngineHandle::spawn(move || cpu_chunk_llm(phase6::default_model_dir(), config))
     })
     .await
     .unwrap()

@@ -9,5 +9,7 @@ mod disconnect;
 mod errors;
 mod harness;
 mod load;
+mod misuse;
 mod openai_python;
 mod shutdown;
+mod timeouts;

@@ -1,4 +1,4 @@
-//! The OpenAI error shape. Every failure a client can cause becomes a 4xx status and a body
+//! Chapter 6.3, the OpenAI error shape. Every failure a client can cause becomes a 4xx status and a body
 //! `{"error": {"message", "type", "param", "code"}}`, so OpenAI client libraries raise the
 //! matching exception and a person reading the body learns which field to fix. Failures of
 //! the server itself are 5xx in the same shape.
@@ -70,6 +70,22 @@ impl ApiError {
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("the request body did not arrive within {limit:?}"),
+        )
+    }
+
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "the body must be sent as `Content-Type: application/json`",
         )
     }
 

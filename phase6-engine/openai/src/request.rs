@@ -1,4 +1,4 @@
-//! From a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
+//! Chapter 6.3: from a request body to a [`GenerationRequest`]: the fields of `/v1/completions` and
 //! `/v1/chat/completions`, their defaults (the model's `generation_config.json` where it sets
 //! one, as vLLM does, else OpenAI's), and a 400 naming the field for anything this server
 //! cannot do as asked.
@@ -11,15 +11,18 @@ use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
 use serde_json::Value;
 
-use crate::api_types::{GenerationRequest, PromptInput};
+use crate::api_types::{EngineInfo, GenerationRequest, PromptInput};
 use crate::body::{JsonBody, kind_of};
-use crate::engine_thread::EngineInfo;
 use crate::errors::ApiError;
+pub use crate::limits::RequestLimits;
 use phase6_chunks::Composition;
 
 /// OpenAI's default `max_tokens` for `/v1/completions` (chat defaults to the model's room);
 /// either is capped by the model's `max_new_tokens`.
 const COMPLETION_MAX_TOKENS: usize = 16;
+
+/// OpenAI's range of `temperature`.
+const MAX_TEMPERATURE: f32 = 2.0;
 
 const UNSUPPORTED: [&str; 10] = [
     "best_of",
@@ -36,13 +39,28 @@ const UNSUPPORTED: [&str; 10] = [
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-pub fn completion(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
+pub fn completion(
+    body: &JsonBody,
+    info: &EngineInfo,
+    limits: &RequestLimits,
+) -> Result<GenerationRequest, ApiError> {
     let prompt = completion_prompt(body.raw("prompt"), info.vocab_size)?;
     let max_tokens = body.get::<usize>("max_tokens")?;
-    common(body, prompt, max_tokens, COMPLETION_MAX_TOKENS, info)
+    common(
+        body,
+        prompt,
+        max_tokens,
+        COMPLETION_MAX_TOKENS,
+        info,
+        limits,
+    )
 }
 
-pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
+pub fn chat(
+    body: &JsonBody,
+    info: &EngineInfo,
+    limits: &RequestLimits,
+) -> Result<GenerationRequest, ApiError> {
     let messages = chat_messages(body.raw("messages"))?;
     let max_tokens = match body.get::<usize>("max_completion_tokens")? {
         Some(n) => Some(n),
@@ -54,19 +72,24 @@ pub fn chat(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, Api
         max_tokens,
         info.max_model_len,
         info,
+        limits,
     )
 }
 
 /// `/v1/chunks/generate`: a composition of registered chunks by id, then the sampling fields
 /// of `/v1/completions` (and its defaults).
-pub fn chunk_generation(body: &JsonBody, info: &EngineInfo) -> Result<GenerationRequest, ApiError> {
+pub fn chunk_generation(
+    body: &JsonBody,
+    info: &EngineInfo,
+    limits: &RequestLimits,
+) -> Result<GenerationRequest, ApiError> {
     let required = |name: &str| {
         body.get::<String>(name)?
             .ok_or_else(|| ApiError::invalid(name, format!("{name} is required")))
     };
     let composition = Composition {
         system_id: required("system_id")?,
-        context_ids: body.get("context_ids")?.unwrap_or_default(),
+        context_ids: limits.context_ids(body.get("context_ids")?.unwrap_or_default())?,
         query_id: required("query_id")?,
     };
     let max_tokens = body.get::<usize>("max_tokens")?;
@@ -76,6 +99,7 @@ pub fn chunk_generation(body: &JsonBody, info: &EngineInfo) -> Result<Generation
         max_tokens,
         COMPLETION_MAX_TOKENS,
         info,
+        limits,
     )
 }
 
@@ -87,8 +111,10 @@ fn common(
     max_tokens: Option<usize>,
     default_max_tokens: usize,
     info: &EngineInfo,
+    limits: &RequestLimits,
 ) -> Result<GenerationRequest, ApiError> {
     refuse_unsupported(body)?;
+    refuse_response_format(body.raw("response_format"))?;
     if let Some(n) = body.get::<u64>("n")?
         && n != 1
     {
@@ -106,16 +132,29 @@ fn common(
         max_tokens: max_tokens.unwrap_or(model.default_max_tokens(default_max_tokens)),
         ignore_eos: body.get("ignore_eos")?.unwrap_or(false),
         seed: body.get("seed")?,
-        stop_token_ids: body.get("stop_token_ids")?.unwrap_or_default(),
+        stop_token_ids: match body.raw("stop_token_ids") {
+            Some(Value::Array(ids)) => token_ids("stop_token_ids", ids, info.vocab_size)?,
+            _ => body.get("stop_token_ids")?.unwrap_or_default(),
+        },
     };
     params
         .validate()
         .map_err(|e| ApiError::rejected(e.into(), prompt.param()))?;
+    if params.temperature > MAX_TEMPERATURE {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!(
+                "temperature = {}: must be in [0, {MAX_TEMPERATURE}]",
+                params.temperature
+            ),
+        ));
+    }
     Ok(GenerationRequest {
         model: body.get("model")?,
         prompt,
         params,
-        stop: stop_strings(body.raw("stop"))?,
+        max_tokens_set: max_tokens.is_some(),
+        stop: limits.stop_strings(stop_strings(body.raw("stop"))?)?,
         stream: body.get("stream")?.unwrap_or(false),
         include_usage: include_usage(body.raw("stream_options"))?,
         return_token_ids: body.get("return_token_ids")?.unwrap_or(false),
@@ -143,6 +182,66 @@ fn refuse_unsupported(body: &JsonBody) -> Result<(), ApiError> {
                 format!("{name} is not supported by this server"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `response_format` other than plain text would need constrained decoding, which this
+/// server lacks: refused rather than ignored.
+fn refuse_response_format(format: Option<&Value>) -> Result<(), ApiError> {
+    match format.map(|f| f.get("type")) {
+        None => Ok(()),
+        Some(Some(Value::String(t))) if t == "text" => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            "response_format",
+            "response_format: only {\"type\": \"text\"} is supported (no JSON mode or schema)",
+        )),
+    }
+}
+
+/// Fits `max_tokens` to the prompt, once its length is known: as vLLM does, a `max_tokens`
+/// the client set that the context cannot hold is a 400, a default one is cut to the room
+/// left. Either way the request must fit the KV pool on its own, or it could never finish.
+pub fn fit_to_context(
+    req_params: &mut SamplingParams,
+    max_tokens_set: bool,
+    prompt_tokens: usize,
+    info: &EngineInfo,
+    prompt_param: &str,
+) -> Result<(), ApiError> {
+    let max_len = info.max_model_len;
+    let too_long = |total: usize| {
+        ApiError::invalid(
+            prompt_param,
+            format!(
+                "This model's maximum context length is {max_len} tokens. However, you requested \
+                 {total} tokens ({prompt_tokens} in the prompt, {} in the completion). Please \
+                 reduce the length of the prompt or completion.",
+                req_params.max_tokens
+            ),
+        )
+        .with_code("context_length_exceeded")
+    };
+    if prompt_tokens >= max_len {
+        return Err(too_long(prompt_tokens + req_params.max_tokens));
+    }
+    let total = prompt_tokens + req_params.max_tokens;
+    if total > max_len {
+        if max_tokens_set {
+            return Err(too_long(total));
+        }
+        req_params.max_tokens = max_len - prompt_tokens;
+    }
+    let need = prompt_tokens + req_params.max_tokens;
+    if need > info.kv_capacity_tokens {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({prompt_tokens} tokens) and max_tokens ({}) need {need} KV slots; \
+                 this server's KV cache holds {}",
+                req_params.max_tokens, info.kv_capacity_tokens
+            ),
+        ));
     }
     Ok(())
 }
@@ -336,6 +435,7 @@ mod tests {
         EngineInfo {
             max_model_len: 100,
             vocab_size: 50,
+            kv_capacity_tokens: 1000,
             generation_config: GenerationConfig::default(),
         }
     }
@@ -347,9 +447,9 @@ mod tests {
     fn param_of(json: &str) -> String {
         let b = body(json);
         let err = if b.raw("messages").is_some() {
-            chat(&b, &info())
+            chat(&b, &info(), &RequestLimits::default())
         } else {
-            completion(&b, &info())
+            completion(&b, &info(), &RequestLimits::default())
         }
         .unwrap_err();
         assert_eq!(err.status, 400, "{err:?}");
@@ -358,7 +458,12 @@ mod tests {
 
     #[test]
     fn defaults_are_openai_ones() {
-        let r = completion(&body(r#"{"prompt": "hi"}"#), &info()).unwrap();
+        let r = completion(
+            &body(r#"{"prompt": "hi"}"#),
+            &info(),
+            &RequestLimits::default(),
+        )
+        .unwrap();
         assert_eq!(r.prompt, PromptInput::Text("hi".into()));
         assert_eq!(r.params.max_tokens, 16);
         assert_eq!(r.params.temperature, 1.0);
@@ -366,6 +471,7 @@ mod tests {
         let r = chat(
             &body(r#"{"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x", "stream": true, "stream_options": {"include_usage": true}}"#),
             &info(),
+            &RequestLimits::default(),
         )
         .unwrap();
         assert_eq!(
@@ -388,17 +494,22 @@ mod tests {
             },
             ..info()
         };
-        let r = completion(&body(r#"{"prompt": "hi"}"#), &info).unwrap();
+        let r = completion(
+            &body(r#"{"prompt": "hi"}"#),
+            &info,
+            &RequestLimits::default(),
+        )
+        .unwrap();
         assert_eq!((r.params.temperature, r.params.top_p), (0.6, 1.0));
         assert_eq!((r.params.top_k, r.params.max_tokens), (20, 16));
         let chat_body = r#"{"messages": [{"role": "user", "content": "a"}]}"#;
-        let r = chat(&body(chat_body), &info).unwrap();
+        let r = chat(&body(chat_body), &info, &RequestLimits::default()).unwrap();
         assert_eq!(
             r.params.max_tokens, 50,
             "the model's cap under max_model_len"
         );
         let set = r#"{"prompt": "hi", "temperature": 0, "top_k": -1, "max_tokens": 80}"#;
-        let r = completion(&body(set), &info).unwrap();
+        let r = completion(&body(set), &info, &RequestLimits::default()).unwrap();
         assert_eq!(
             (r.params.temperature, r.params.top_k, r.params.max_tokens),
             (0.0, -1, 80)
@@ -407,7 +518,11 @@ mod tests {
 
     #[test]
     fn prompts_take_every_openai_form() {
-        let p = |json: &str| completion(&body(json), &info()).unwrap().prompt;
+        let p = |json: &str| {
+            completion(&body(json), &info(), &RequestLimits::default())
+                .unwrap()
+                .prompt
+        };
         assert_eq!(p(r#"{"prompt": ["a"]}"#), PromptInput::Text("a".into()));
         assert_eq!(p(r#"{"prompt": [1, 2]}"#), PromptInput::Tokens(vec![1, 2]));
         assert_eq!(p(r#"{"prompt": [[3]]}"#), PromptInput::Tokens(vec![3]));
@@ -458,6 +573,7 @@ mod tests {
         completion(
             &body(r#"{"prompt": "a", "n": 1, "best_of": 1, "logprobs": null, "echo": false}"#),
             &info(),
+            &RequestLimits::default(),
         )
         .unwrap();
     }

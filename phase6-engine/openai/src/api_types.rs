@@ -1,12 +1,12 @@
-//! The OpenAI wire format: what a parsed generation request asks for, and the JSON of the
+//! Chapter 6.3, the OpenAI wire format: what a parsed generation request asks for, and the JSON of the
 //! answers and stream chunks of `/v1/completions` and `/v1/chat/completions`. Answers are
 //! written with `json!`, so the shape a client receives can be read straight off the code.
 
-use phase0::{SamplingParams, TokenId};
+use phase0::{SamplingParams, SeqId, TokenId};
 use phase2::ChatMessage;
 use serde_json::{Value, json};
 
-use crate::engine_thread::{Admitted, Finish};
+use phase2::GenerationConfig;
 use phase6_chunks::Composition;
 
 /// The prompt of a request, before tokenization (which happens on the engine thread).
@@ -31,6 +31,45 @@ impl PromptInput {
     }
 }
 
+/// What the server needs to know about the model before any request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// Longest prompt + output, clamped to the model.
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    /// Tokens the KV pool holds in all: no request may need more (prompt + `max_tokens`).
+    pub kv_capacity_tokens: usize,
+    /// The model's sampling defaults, for the fields a request leaves out.
+    pub generation_config: GenerationConfig,
+}
+
+/// What the engine tells a request it took: its id and its prompt's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub id: SeqId,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from chunks (`None` for plain prompts).
+    pub cached_tokens: Option<usize>,
+}
+
+/// Why a choice ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the model's length limit.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
 /// Everything a generation request asks for, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationRequest {
@@ -38,6 +77,8 @@ pub struct GenerationRequest {
     pub model: Option<String>,
     pub prompt: PromptInput,
     pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (else it is a default, cut to the room left).
+    pub max_tokens_set: bool,
     /// Stop strings (never empty strings).
     pub stop: Vec<String>,
     pub stream: bool,
