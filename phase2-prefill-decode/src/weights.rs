@@ -21,6 +21,7 @@ use safetensors::SafeTensors;
 use crate::config::ModelConfig;
 use crate::error::Error;
 use crate::random_weights::{Uniform, fill, tensor_key};
+use rayon::prelude::*;
 
 /// Number types a checkpoint may store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,6 +312,43 @@ impl Weights {
                 Ok(())
             }
         }
+    }
+
+    /// Elements `start..start + out.len()` of tensor `name` as bf16 into `out`, on every core:
+    /// bf16 is read straight into `out` ([`Weights::read_bytes`], a piece per thread), f16 and
+    /// f32 are rounded to nearest on the way. What a GPU runner fills its staging buffers with.
+    pub fn read_bf16(&self, name: &str, start: usize, out: &mut [bf16]) -> Result<(), Error> {
+        const PIECE: usize = 1 << 20;
+        let dtype = self.entry(name)?.dtype;
+        if dtype == Dtype::BF16 {
+            return out
+                .par_chunks_mut(PIECE)
+                .enumerate()
+                .try_for_each(|(i, piece)| {
+                    // Safety: bf16 is two plain bytes, stored little-endian by safetensors as
+                    // by the hosts this runs on (x86-64, aarch64).
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            piece.as_mut_ptr().cast::<u8>(),
+                            2 * piece.len(),
+                        )
+                    };
+                    self.read_bytes(name, 2 * (start + i * PIECE), bytes)
+                });
+        }
+        let size = dtype.size_bytes();
+        let data = &self.tensor(name)?.data[start * size..(start + out.len()) * size];
+        out.par_chunks_mut(PIECE)
+            .zip(data.par_chunks(PIECE * size))
+            .for_each(|(dst, bytes)| {
+                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(size)) {
+                    *d = match dtype {
+                        Dtype::F16 => bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32()),
+                        _ => bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    };
+                }
+            });
+        Ok(())
     }
 
     /// A tensor that must have `shape`, as f32.

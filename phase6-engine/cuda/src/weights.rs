@@ -11,12 +11,11 @@
 
 use std::time::Instant;
 
-use half::{bf16, f16};
+use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
 use phase2::random_weights::{Uniform, tensor_key};
-use phase2::{Dtype, Error, ModelConfig, Weights};
-use rayon::prelude::*;
+use phase2::{Error, ModelConfig, Weights};
 
 use crate::runner::device_error;
 
@@ -246,7 +245,7 @@ impl<'a> Loader<'a> {
                 .host
                 .as_mut_slice()
                 .map_err(|e| driver("reading pinned host memory", e))?;
-            fill_bf16(self.w, name, dtype, start, &mut host[..len])?;
+            self.w.read_bf16(name, start, &mut host[..len])?;
             let mut view = out.slice_mut(offset + start..offset + start + len);
             self.gpu
                 .copy_to_device(&host[..len], &mut view)
@@ -282,46 +281,6 @@ fn driver(context: &str, source: kernels::DriverError) -> Error {
         context: context.into(),
         source,
     })
-}
-
-/// Elements `start..start + out.len()` of tensor `name` as bf16 into `out`, on every core:
-/// bf16 is read straight into `out` (positioned reads of the file, a piece per thread), f16 and
-/// f32 are rounded to nearest from the memory map.
-fn fill_bf16(
-    w: &Weights,
-    name: &str,
-    dtype: Dtype,
-    start: usize,
-    out: &mut [bf16],
-) -> Result<(), Error> {
-    const PIECE: usize = 1 << 20;
-    if dtype == Dtype::BF16 {
-        return out
-            .par_chunks_mut(PIECE)
-            .enumerate()
-            .try_for_each(|(i, piece)| {
-                // Safety: bf16 is two plain bytes, and the checkpoint stores it little-endian,
-                // as the host (x86-64, aarch64) does.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts_mut(piece.as_mut_ptr().cast::<u8>(), 2 * piece.len())
-                };
-                w.read_bytes(name, 2 * (start + i * PIECE), bytes)
-            });
-    }
-    let t = w.tensor(name)?;
-    let size = dtype.size_bytes();
-    let src = &t.data[start * size..(start + out.len()) * size];
-    out.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE * size))
-        .for_each(|(dst, bytes)| {
-            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(size)) {
-                *d = match dtype {
-                    Dtype::F16 => bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32()),
-                    _ => bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                };
-            }
-        });
-    Ok(())
 }
 
 #[cfg(test)]
