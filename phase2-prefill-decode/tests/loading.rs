@@ -75,6 +75,13 @@ fn sharded_checkpoints_load_through_their_index() {
         assert_eq!(piece, data[34..134]);
         let err = w.read_bytes(name, data.len() - 10, &mut piece).unwrap_err();
         assert!(err.to_string().contains("read past the end"), "{err}");
+        let mut values = vec![half::bf16::ZERO; 40];
+        w.read_bf16(name, 17, &mut values).unwrap();
+        let expected: Vec<_> = data[34..114]
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(values, expected);
     }
 }
 
