@@ -34,6 +34,7 @@ const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['
 const SPECIAL_TOKEN_NAMES: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
 
 /// A model's chat template, checked to compile, with the special tokens it may print.
+#[derive(Clone)]
 pub struct ChatTemplate {
     source: String,
     env: Environment<'static>,

@@ -33,6 +33,9 @@ impl ChatMessage {
     }
 }
 
+/// Cloning is cheap enough to hand a server's request tasks their own copy (they tokenize while
+/// the engine thread runs steps).
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// `inner` with special-token strings read as plain text; made on first use, as only

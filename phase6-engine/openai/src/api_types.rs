@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use phase2::GenerationConfig;
 use phase6_chunks::Composition;
 
-/// The prompt of a request, before tokenization (which happens on the engine thread).
+/// The prompt of a request, before tokenization (which happens in the request's own task).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
     Text(String),

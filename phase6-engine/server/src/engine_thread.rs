@@ -28,6 +28,7 @@ use tokio::sync::oneshot;
 use crate::active::{Active, Ended};
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
+use phase2::Tokenizer;
 use phase6::Error;
 use phase6::Prompt;
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
@@ -46,8 +47,17 @@ pub enum Command {
     AbortAll(ApiError),
 }
 
+/// A prompt as the engine thread takes it: already token ids (text and chats are tokenized by
+/// the request's own task, [`EngineHandle::generate`]), or chunks to compose.
+pub enum EnginePrompt {
+    Tokens(Vec<TokenId>),
+    Chunks(Composition),
+}
+
 pub struct GenerateJob {
-    pub prompt: PromptInput,
+    pub prompt: EnginePrompt,
+    /// The request field the prompt came from, for error messages.
+    pub param: &'static str,
     pub params: SamplingParams,
     /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
     pub max_tokens_set: bool,
@@ -84,6 +94,8 @@ pub struct Generation {
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     info: Arc<EngineInfo>,
+    /// The model's tokenizer, for the request tasks (`None`: prompts must be token ids).
+    tokenizer: Option<Arc<Tokenizer>>,
     alive: Arc<AtomicBool>,
 }
 
@@ -127,7 +139,8 @@ impl EngineHandle {
                             vocab_size: llm.model_config().vocab_size,
                             generation_config: llm.generation_config().clone(),
                         };
-                        let _ = ready_tx.send(Ok(info.clone()));
+                        let tokenizer = llm.tokenizer().cloned();
+                        let _ = ready_tx.send(Ok((info.clone(), tokenizer)));
                         EngineLoop::new(model, info, inbox).run();
                     }
                     Err(e) => {
@@ -136,12 +149,13 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
-        let info = ready_rx.recv().map_err(|_| {
+        let (info, tokenizer) = ready_rx.recv().map_err(|_| {
             Error::Internal("the engine thread ended while loading the model".into())
         })??;
         Ok(Self {
             commands,
             info: Arc::new(info),
+            tokenizer: tokenizer.map(Arc::new),
             alive,
         })
     }
@@ -164,6 +178,33 @@ impl EngineHandle {
         answer.await.map_err(|_| stopped())
     }
 
+    /// Token ids of a text or chat prompt, computed on a blocking thread of the runtime: a
+    /// megabyte of text keeps the tokenizer busy for hundreds of milliseconds, which neither
+    /// the engine's steps nor the server's other connections should wait for.
+    async fn tokenize(&self, prompt: PromptInput) -> Result<EnginePrompt, ApiError> {
+        let param = prompt.param();
+        let rejected = |e: phase2::Error| ApiError::rejected(Error::from(e), param);
+        let text_or_chat = match prompt {
+            PromptInput::Tokens(ids) => return Ok(EnginePrompt::Tokens(ids)),
+            PromptInput::Chunks(c) => return Ok(EnginePrompt::Chunks(c)),
+            other => other,
+        };
+        let Some(tokenizer) = self.tokenizer.clone() else {
+            let e =
+                Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into());
+            return Err(ApiError::rejected(e, param));
+        };
+        let ids = tokio::task::spawn_blocking(move || match text_or_chat {
+            PromptInput::Text(text) => tokenizer.encode(&text),
+            PromptInput::Chat(messages) => tokenizer.encode_chat(&messages, true),
+            PromptInput::Tokens(_) | PromptInput::Chunks(_) => unreachable!("returned above"),
+        })
+        .await
+        .map_err(|e| ApiError::rejected(Error::Internal(format!("tokenizer task: {e}")), param))?
+        .map_err(rejected)?;
+        Ok(EnginePrompt::Tokens(ids))
+    }
+
     /// Queues a request; returns once the engine admitted it, or with why it did not.
     pub async fn generate(
         &self,
@@ -172,11 +213,14 @@ impl EngineHandle {
         max_tokens_set: bool,
         stop: Vec<String>,
     ) -> Result<Generation, ApiError> {
+        let param = prompt.param();
+        let prompt = self.tokenize(prompt).await?;
         let (events_tx, events) = unbounded_channel();
         let admitted = self
             .call(|admitted| {
                 Command::Generate(GenerateJob {
                     prompt,
+                    param,
                     params,
                     max_tokens_set,
                     stop,
@@ -311,18 +355,19 @@ impl EngineLoop {
         }
     }
 
-    /// Tokenizes the prompt (or builds the composition) and queues the request.
+    /// Checks the prompt against the context and the pool (or builds the composition) and
+    /// queues the request.
     fn queue(
         &mut self,
-        prompt: PromptInput,
+        prompt: EnginePrompt,
+        param: &'static str,
         mut params: SamplingParams,
         max_tokens_set: bool,
     ) -> Result<Queued, ApiError> {
-        let param = prompt.param();
         let rejected = |e| ApiError::rejected(e, param);
         let info = &self.info;
         let ids = match prompt {
-            PromptInput::Chunks(composition) => {
+            EnginePrompt::Chunks(composition) => {
                 let len = check_composition(&self.model, &composition)?;
                 fit_to_context(&mut params, max_tokens_set, len, info, param)?;
                 let q = self
@@ -338,15 +383,7 @@ impl EngineLoop {
                     tokens: q.events,
                 });
             }
-            PromptInput::Tokens(ids) => ids,
-            PromptInput::Text(text) => self
-                .model
-                .llm()
-                .encode(&Prompt::Text(text))
-                .map_err(rejected)?,
-            PromptInput::Chat(messages) => {
-                self.model.llm().encode_chat(&messages).map_err(rejected)?
-            }
+            EnginePrompt::Tokens(ids) => ids,
         };
         let prompt_tokens = ids.len();
         fit_to_context(&mut params, max_tokens_set, prompt_tokens, info, param)?;
@@ -366,7 +403,7 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        match self.queue(job.prompt, job.params, job.max_tokens_set) {
+        match self.queue(job.prompt, job.param, job.params, job.max_tokens_set) {
             Err(e) => {
                 self.counters.rejected();
                 let _ = job.admitted.send(Err(e));

@@ -169,3 +169,29 @@ async fn chunk_generations_with_repeated_or_too_many_contexts_are_refused_first(
     let (status, _) = s.post_json("/v1/chunks/generate", &body(ids(1))).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_prompt_is_tokenized_beside_the_engine_and_refused_alone() {
+    let s = start_default().await;
+    let small = json!({
+        "prompt": "ROMEO:", "max_tokens": 32, "temperature": 0, "ignore_eos": true, "stream": true,
+    });
+    let running = {
+        let client = s.client.clone();
+        let url = s.url("/v1/completions");
+        tokio::spawn(async move {
+            let resp = client.post(url).json(&small).send().await.unwrap();
+            crate::harness::read_events(resp).await
+        })
+    };
+    // Almost the whole body limit of text: hundreds of thousands of tokens, counted by the
+    // request's own task, then refused for the context before the engine sees it.
+    let huge = "Now is the winter of our discontent ".repeat(26_000);
+    let (status, answer) = s
+        .post_json("/v1/completions", &json!({"prompt": huge, "max_tokens": 4}))
+        .await;
+    assert_error(status, &answer, StatusCode::BAD_REQUEST, Some("prompt"));
+    let events = running.await.unwrap();
+    let (_, _, finish) = stream_text(&events);
+    assert_eq!(finish, "length", "the stream beside it ran to its end");
+}
