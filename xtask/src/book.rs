@@ -8,13 +8,14 @@
 //!
 //! - `cargo test ...` runs in CI's `cargo test --workspace`, or its exercise step (whose
 //!   package list must name the package);
-//! - `cargo run --example` runs here, in the debug build CI already made (the book's
-//!   `--release` only makes it faster), and so do `nanoserve generate`, `chat` (fed the
-//!   book's `> ` lines) and `serve` with the page's `curl` commands;
+//! - `cargo run --example` runs here, in the test profile's build that `cargo test
+//!   --workspace` already made (the book's `--release` only makes it faster), and so do
+//!   `nanoserve generate`, `chat` (fed the book's `> ` lines) and `serve` with the page's
+//!   `curl` commands;
 //! - `nanoserve bench` and `report` take minutes and `--device cuda` needs a GPU: their
 //!   command lines are parsed (`--help` appended: a bad flag or value is an error);
-//! - `cargo bench` compiles and runs every benchmark once (`cargo test --benches`), except
-//!   the GPU kernels', which `cargo check --all-targets` of CI compiles;
+//! - `cargo bench` compiles and runs every benchmark once (`cargo test --benches`); the GPU
+//!   kernels' benchmarks are compiled only;
 //! - `cargo xtask starter` runs in CI's `cargo xtask starter --check`.
 
 use std::collections::BTreeMap;
@@ -50,11 +51,22 @@ pub fn check_book(course: &Course, run: bool) -> Result<(), String> {
     pages.sort();
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut failures = Vec::new();
+    let mut seen: BTreeMap<(String, Vec<String>), String> = BTreeMap::new();
     for page in pages {
         let commands = commands(page, &course.read(page)?);
         let mut server: Option<Server> = None;
         for cmd in &commands {
             let at = format!("{}:{}: `{}`", cmd.page, cmd.line, cmd.text);
+            // A command the book repeats is checked once; a curl needs the page's server.
+            let key = (cmd.text.clone(), cmd.input.clone());
+            if !cmd.text.starts_with("curl ")
+                && let Some(first) = seen.get(&key)
+            {
+                *counts.entry("repeated").or_default() += 1;
+                println!("{at}\n    the same command as {first}");
+                continue;
+            }
+            seen.insert(key, format!("{}:{}", cmd.page, cmd.line));
             let started = Instant::now();
             match check_command(&workspace, cmd, run, &mut server) {
                 Ok(how) => {
@@ -89,6 +101,7 @@ pub fn check_book(course: &Course, run: bool) -> Result<(), String> {
 /// How a command was checked.
 enum Checked {
     Ran,
+    Built(String),
     Parsed,
     InCi(String),
     Static(String),
@@ -98,6 +111,7 @@ impl Checked {
     fn kind(&self) -> &'static str {
         match self {
             Checked::Ran => "run here",
+            Checked::Built(_) => "built here",
             Checked::Parsed => "parsed here",
             Checked::InCi(_) => "run by another step of CI",
             Checked::Static(_) => "checked against the workspace only",
@@ -107,6 +121,7 @@ impl Checked {
     fn describe(&self) -> String {
         match self {
             Checked::Ran => "ran".into(),
+            Checked::Built(why) => format!("built; not run: {why}"),
             Checked::Parsed => "its command line parses".into(),
             Checked::InCi(step) => format!("checked; CI runs it in {step}"),
             Checked::Static(why) => format!("checked against the workspace; not run: {why}"),
@@ -316,9 +331,18 @@ impl<'a> Workspace<'a> {
             .collect()
     }
 
-    fn check_features(&self, name: &str, package: &Package, features: &[String]) -> Result<(), String> {
+    fn check_features(
+        &self,
+        name: &str,
+        package: &Package,
+        features: &[String],
+    ) -> Result<(), String> {
         for feature in features {
-            let declared = package.manifest.lines().skip_while(|l| l.trim() != "[features]").skip(1)
+            let declared = package
+                .manifest
+                .lines()
+                .skip_while(|l| l.trim() != "[features]")
+                .skip(1)
                 .take_while(|l| !l.trim_start().starts_with('['))
                 .any(|l| l.split('=').next().is_some_and(|k| k.trim() == feature));
             if !declared {
@@ -353,10 +377,9 @@ fn cargo_args(words: &[String]) -> Result<CargoArgs, String> {
         };
         match w.as_str() {
             "-p" | "--package" => a.package = Some(value(w)?),
-            "--features" => {
-                a.features
-                    .extend(value(w)?.split(',').map(|f| f.trim().to_string()))
-            }
+            "--features" => a
+                .features
+                .extend(value(w)?.split(',').map(|f| f.trim().to_string())),
             "--test" => a.test = Some(value(w)?),
             "--example" => a.example = Some(value(w)?),
             "--bench" => a.bench = Some(value(w)?),
@@ -400,7 +423,16 @@ fn check_command(
                         return Err(format!("no example {example} ({file})"));
                     }
                     let features = a.features.join(",");
-                    let mut args = vec!["run", "--quiet", "-p", &name, "--example", example];
+                    let mut args = vec![
+                        "run",
+                        "--quiet",
+                        "--profile",
+                        "test",
+                        "-p",
+                        &name,
+                        "--example",
+                        example,
+                    ];
                     if !features.is_empty() {
                         args.extend(["--features", &features]);
                     }
@@ -416,7 +448,9 @@ fn check_command(
                 None => check_nanoserve(ws, &name, &a.after, &cmd.input, run, server),
             }
         }
-        ("target/release/nanoserve", _) => check_nanoserve(ws, "nanoserve", rest, &cmd.input, run, server),
+        ("target/release/nanoserve", _) => {
+            check_nanoserve(ws, "nanoserve", rest, &cmd.input, run, server)
+        }
         ("cargo", Some("xtask")) => check_xtask(ws, &rest[1..]),
         ("cd", _) => Ok(Checked::Static("a change of folder".into())),
         ("curl", _) => check_curl(ws, rest, run, server),
@@ -456,12 +490,16 @@ fn check_test(ws: &Workspace, words: &[String]) -> Result<Checked, String> {
     }
     if a.features.iter().any(|f| f == "exercises") {
         let in_loop = ws.ci.lines().any(|l| {
-            l.trim_start().starts_with("for package in ") && l.split_whitespace().any(|w| w == name)
+            l.trim_start().starts_with("for package in ")
+                && l.split_whitespace()
+                    .any(|w| w.trim_end_matches(';') == name)
         });
         if !in_loop {
             return Err(format!(".ci/run's exercise step does not name {name}"));
         }
-        return Ok(Checked::InCi(".ci/run's exercise step, with the answers".into()));
+        return Ok(Checked::InCi(
+            ".ci/run's exercise step, with the answers".into(),
+        ));
     }
     Ok(Checked::InCi("`cargo test --workspace`".into()))
 }
@@ -486,19 +524,20 @@ fn check_bench(ws: &Workspace, words: &[String], run: bool) -> Result<Checked, S
         None if benches.is_empty() => return Err(format!("package {name} has no benches")),
         _ => {}
     }
-    if name == "kernels" {
-        return Ok(Checked::InCi(
-            "`cargo check --all-targets` (its benchmarks need an NVIDIA GPU)".into(),
-        ));
-    }
     if !run {
         return Ok(Checked::Static("--static".into()));
     }
-    // criterion runs each benchmark once when the bench target runs as a test.
+    // criterion runs each benchmark once when the bench target runs as a test; the GPU
+    // kernels' benchmarks are only built here.
     let mut args = vec!["test", "--quiet", "-p", &name];
     match &a.bench {
         Some(bench) => args.extend(["--bench", bench]),
         None => args.push("--benches"),
+    }
+    if name == "kernels" {
+        args.push("--no-run");
+        run_cargo(ws, &args, &[])?;
+        return Ok(Checked::Built("its benchmarks need an NVIDIA GPU".into()));
     }
     run_cargo(ws, &args, &[])?;
     Ok(Checked::Ran)
@@ -559,10 +598,15 @@ fn check_nanoserve(
 ) -> Result<Checked, String> {
     ws.package(package)?;
     let sub = args.first().map(String::as_str).unwrap_or("");
-    let on_gpu = args.windows(2).any(|w| w[0] == "--device" && w[1].starts_with("cuda"));
-    let mut cargo = vec!["run", "--quiet", "-p", package, "--"];
+    let on_gpu = args
+        .windows(2)
+        .any(|w| w[0] == "--device" && w[1].starts_with("cuda"));
+    let mut cargo = vec!["run", "--quiet", "--profile", "test", "-p", package, "--"];
     cargo.extend(args.iter().map(String::as_str));
-    if !run || on_gpu || !RUNNABLE.contains(&sub) {
+    if !run {
+        return Ok(Checked::Static("--static".into()));
+    }
+    if on_gpu || !RUNNABLE.contains(&sub) {
         cargo.push("--help");
         run_cargo(ws, &cargo, &[])?;
         return Ok(Checked::Parsed);
@@ -602,7 +646,10 @@ fn fill_ids(input: &[String], output: &str) -> Result<Vec<String>, String> {
     let mut ids: BTreeMap<&str, &str> = BTreeMap::new();
     for line in output.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|w| *w == "registered").unwrap_or(words.len());
+        let at = words
+            .iter()
+            .position(|w| *w == "registered")
+            .unwrap_or(words.len());
         if let [_, kind, "chunk", id, ..] = &words[at..] {
             ids.entry(kind).or_insert(id);
         }
@@ -847,7 +894,8 @@ curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n  
             "/register system Hi".to_string(),
             "/compose <system id> <context id> : ROMEO:".to_string(),
         ];
-        let output = "> > registered system chunk 0123456789ab\n> registered context chunk ba9876543210\n";
+        let output =
+            "> > registered system chunk 0123456789ab\n> registered context chunk ba9876543210\n";
         assert_eq!(without_placeholders(&input), input[..1]);
         assert_eq!(
             fill_ids(&input, output).unwrap()[1],

@@ -30,12 +30,7 @@ pub fn check_starter(course: &Course, phase: Key) -> Result<(), String> {
     result
 }
 
-fn check_written_starter(
-    course: &Course,
-    key: Key,
-    dir: &Path,
-    own: usize,
-) -> Result<(), String> {
+fn check_written_starter(course: &Course, key: Key, dir: &Path, own: usize) -> Result<(), String> {
     let chapter = course.chapter(key);
     let phase = &chapter.id;
     no_answers_left(dir)?;

@@ -43,7 +43,10 @@ pub fn replace_regions(source: &str, sections: &[String]) -> Result<String, Stri
         }
         let marker = lines[*begin];
         let indent = &marker[..marker.len() - marker.trim_start().len()];
-        out.push_str(&format!("{indent}todo!({:?})\n", todo_message(section, region)));
+        out.push_str(&format!(
+            "{indent}todo!({:?})\n",
+            todo_message(section, region)
+        ));
         out.push_str(lines[*end]);
         out.push('\n');
         next = end + 1;
@@ -188,7 +191,8 @@ mod tests {
         assert!(regions("// BEGIN SOLUTION\nx\n").is_err());
         assert!(regions("x\n// END SOLUTION\n").is_err());
         assert!(regions("// BEGIN SOLUTION\n// BEGIN SOLUTION\n// END SOLUTION\n").is_err());
-        let undocumented = "fn f() -> u32 {\n    // BEGIN SOLUTION\n    1\n    // END SOLUTION\n}\n";
+        let undocumented =
+            "fn f() -> u32 {\n    // BEGIN SOLUTION\n    1\n    // END SOLUTION\n}\n";
         let e = regions(undocumented).unwrap_err();
         assert!(e.contains("`f` has no doc comment"), "{e}");
     }

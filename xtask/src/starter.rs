@@ -51,8 +51,8 @@ pub fn write_starter(
     };
     for (&key, chapter) in &course.chapters {
         for file in course.exercise_sources(&chapter.dir) {
-            let (new, _) = strip_solutions(&course.read(&file)?)
-                .map_err(|e| format!("{file}: {e}"))?;
+            let (new, _) =
+                strip_solutions(&course.read(&file)?).map_err(|e| format!("{file}: {e}"))?;
             replaced.insert(file, new);
         }
         let exercises = course.exercises(chapter)?;
@@ -135,7 +135,9 @@ fn stamp_version(manifest: &str, stamp: &str) -> Result<String, String> {
             table = name;
         }
         let is_version = table == "workspace.package"
-            && trimmed.split_once('=').is_some_and(|(k, _)| k.trim() == "version");
+            && trimmed
+                .split_once('=')
+                .is_some_and(|(k, _)| k.trim() == "version");
         if is_version {
             writeln!(out, "version = \"{base}+starter.{stamp}\"").unwrap();
         } else {
@@ -376,7 +378,9 @@ fn describe_targets(course: &Course, dir: &str) -> String {
             .and_then(|f| f.strip_suffix(".rs"))
             .filter(|n| !n.contains('/'))
         {
-            parts.push(format!("`cargo run --release -p {package} --example {name}`"));
+            parts.push(format!(
+                "`cargo run --release -p {package} --example {name}`"
+            ));
         }
     }
     if course
@@ -433,6 +437,9 @@ mod tests {
         assert!(once.contains("[workspace.package]\nversion = \"0.1.0+starter.1.t5\"\n"));
         assert!(once.contains("[package]\nversion = \"9.9.9\""));
         let twice = stamp_version(&once, "2.t6").unwrap();
-        assert!(twice.contains("version = \"0.1.0+starter.2.t6\"\n"), "{twice}");
+        assert!(
+            twice.contains("version = \"0.1.0+starter.2.t6\"\n"),
+            "{twice}"
+        );
     }
 }
