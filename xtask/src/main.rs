@@ -125,7 +125,10 @@ fn starter_command(course: &Course, args: &[String]) -> Result<(), String> {
         .sum();
     let later: usize = written.later.iter().map(|(_, l)| l.len()).sum();
     let start = match written.own.first() {
-        Some(first) => format!(", start with {} in {}", first.number, chapter.book),
+        Some(first) => format!(
+            " (start with {}, in {}'s Build it)",
+            first.number, chapter.book
+        ),
         None => String::new(),
     };
     println!(

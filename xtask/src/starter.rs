@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use crate::course::{Course, Key, Lesson, STARTER_FILES, label, manifest_value};
+use crate::course::{Course, Key, Lesson, STARTER_FILES, exercise_number, label, manifest_value};
 use crate::exercise_stubs::strip_solutions;
 use crate::solution_regions::replace_regions;
 
@@ -183,7 +183,7 @@ fn guide(course: &Course, phase: Key, written: &Written) -> String {
         for l in &written.own {
             writeln!(
                 g,
-                "{}. `{}` in `{}`: {}",
+                "- **{}** `{}` in `{}`: {}",
                 l.number, l.region.function, l.file, l.region.hint
             )
             .unwrap();
@@ -202,9 +202,10 @@ fn guide(course: &Course, phase: Key, written: &Written) -> String {
         writeln!(
             g,
             "\n## Chapter {id}'s exercises\n\nOnce the chapter's tests pass: `cargo test -p {} \
-             --features exercises --test exercises` ({} todo!s; the chapter's page says what \
-             each test checks).\n",
+             --features exercises --test exercises` ({} exercises, {} todo!s; the chapter's \
+             page says what each test checks).\n",
             chapter.package,
+            count_exercises(own_exercises),
             own_exercises.len()
         )
         .unwrap();
@@ -223,13 +224,14 @@ fn guide(course: &Course, phase: Key, written: &Written) -> String {
         .unwrap();
         for (key, lessons) in &written.later {
             let c = course.chapter(*key);
+            let todos = match lessons.len() {
+                0 => "nothing to write".to_string(),
+                n => format!("{n} todo!s"),
+            };
             writeln!(
                 g,
-                "- chapter {} (`{}`, {}): {} todo!s",
-                c.id,
-                c.package,
-                c.book,
-                lessons.len()
+                "- chapter {} (`{}`, {}): {todos}",
+                c.id, c.package, c.book
             )
             .unwrap();
         }
@@ -238,12 +240,12 @@ fn guide(course: &Course, phase: Key, written: &Written) -> String {
         .exercises
         .iter()
         .filter(|(k, _)| *k != phase)
-        .map(|(k, e)| format!("{} ({})", label(*k), e.len()))
+        .map(|(k, e)| format!("{}: {}", label(*k), count_exercises(e)))
         .collect();
     if !others.is_empty() {
         writeln!(
             g,
-            "\nThe exercises of the other chapters are stubs too (chapter and todo!s: {}).",
+            "\nThe exercises of the other chapters are stubs too (chapter: exercises; {}).",
             others.join(", ")
         )
         .unwrap();
@@ -258,6 +260,13 @@ fn guide(course: &Course, phase: Key, written: &Written) -> String {
     )
     .unwrap();
     g
+}
+
+/// Exercises (not todo!s: an exercise may have several) in a chapter's list.
+fn count_exercises(todos: &[(String, String)]) -> usize {
+    let mut numbers: Vec<Vec<usize>> = todos.iter().map(|(_, t)| exercise_number(t)).collect();
+    numbers.dedup();
+    numbers.len()
 }
 
 /// `README.md` of a starter: what runs at this chapter and what still stops on a `todo!`.
@@ -317,13 +326,13 @@ fn readme(course: &Course, phase: Key) -> Result<String, String> {
     let later: Vec<String> = course
         .chapters
         .range((phase.0, phase.1 + 1)..)
-        .map(|(_, c)| format!("{} (`{}`)", c.id, c.package))
+        .map(|(_, c)| format!("`{}` ({})", c.package, c.id))
         .collect();
     if !later.is_empty() {
         writeln!(
             r,
-            "- Chapters {} hold todo!s: their tests, examples and benchmarks stop on the first \
-             one until you write those chapters.",
+            "- The later chapters, {}, stop on a todo! (their own or one of a chapter they \
+             build on) in their tests, examples and benchmarks until you write them.",
             later.join(", ")
         )
         .unwrap();
