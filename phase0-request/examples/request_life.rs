@@ -18,7 +18,11 @@ fn main() -> Result<(), phase0::Error> {
     println!("start        -> {}", seq.status());
     for token in [11, 12] {
         seq.append_token(token, &eos)?;
-        println!("append {token:<5} -> {}, output {:?}", seq.status(), seq.output());
+        println!(
+            "append {token:<5} -> {}, output {:?}",
+            seq.status(),
+            seq.output()
+        );
     }
     seq.preempt()?;
     println!(

@@ -73,7 +73,12 @@ mod step_limit {
             steps += 1;
             assert!(steps < 50, "the limit never stopped them");
         }
-        let len = |id| finished.iter().find(|(f, _)| *f == id).map(|(_, t)| t.len());
+        let len = |id| {
+            finished
+                .iter()
+                .find(|(f, _)| *f == id)
+                .map(|(_, t)| t.len())
+        };
         assert_eq!(len(first), Some(5), "the first request is in steps 1 to 5");
         assert_eq!(
             len(second),
