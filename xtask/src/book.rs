@@ -734,9 +734,7 @@ struct Server {
 
 impl Server {
     fn start(ws: &Workspace, args: &[&str]) -> Result<Server, String> {
-        let mut child = Command::new(env!("CARGO"))
-            .args(args)
-            .current_dir(&ws.course.root)
+        let mut child = cargo(ws, args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -792,12 +790,17 @@ fn health(addr: &str) -> bool {
         && answer.starts_with("HTTP/1.1 200")
 }
 
+/// `cargo ARGS`, to run at the workspace's root.
+fn cargo(ws: &Workspace, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO"));
+    command.args(args).current_dir(&ws.course.root);
+    command
+}
+
 /// Runs `cargo ARGS` in the workspace with `input` on stdin; fails on a non-zero exit or
 /// after [`TIMEOUT`]. Returns stdout and stderr.
 fn run_cargo(ws: &Workspace, args: &[&str], input: &[String]) -> Result<String, String> {
-    let mut child = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(&ws.course.root)
+    let mut child = cargo(ws, args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
