@@ -58,6 +58,8 @@ pub struct Lesson {
 /// The workspace: its root, the files that make it, and its chapters by number.
 pub struct Course {
     pub root: PathBuf,
+    /// A starter, whose earlier chapters are a student's work, not the reference.
+    pub in_starter: bool,
     pub files: Vec<String>,
     pub chapters: BTreeMap<Key, Chapter>,
 }
@@ -67,6 +69,7 @@ impl Course {
         let files = repo_files(root)?;
         let mut course = Course {
             root: root.to_path_buf(),
+            in_starter: root.join(STARTER_FILES).is_file(),
             files,
             chapters: BTreeMap::new(),
         };

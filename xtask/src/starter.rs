@@ -288,9 +288,14 @@ fn readme(course: &Course, phase: Key) -> Result<String, String> {
         let runs = describe_targets(course, &c.dir);
         let has_lessons = !course.lessons(c)?.is_empty();
         if key < phase {
+            let state = if course.in_starter {
+                "is as it was in the workspace this starter came from"
+            } else {
+                "is solved"
+            };
             writeln!(
                 r,
-                "- Chapter {} (`{}`) is solved: `cargo test -p {}`{}.",
+                "- Chapter {} (`{}`) {state}: `cargo test -p {}`{}.",
                 c.id, c.package, c.package, runs
             )
             .unwrap();
