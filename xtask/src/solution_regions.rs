@@ -143,7 +143,7 @@ mod tests {
     }
 
     /// Adds one.
-    fn helper(&self) -> usize {
+    fn bump(&self) -> usize {
         let x = 1;
         // BEGIN SOLUTION
         x + 1
@@ -163,7 +163,7 @@ mod tests {
                     hint: "Takes a free page.".into()
                 },
                 Region {
-                    function: "helper".into(),
+                    function: "bump".into(),
                     hint: "Adds one.".into()
                 }
             ]
@@ -179,7 +179,7 @@ mod tests {
             "        // BEGIN SOLUTION\n        todo!(\"chapter 1.4: write `allocate`: Takes a free page.\")\n        // END SOLUTION\n"
         ));
         assert!(out.contains(
-            "        let x = 1;\n        // BEGIN SOLUTION\n        todo!(\"chapter 1.2: write `helper`: Adds one.\")\n"
+            "        let x = 1;\n        // BEGIN SOLUTION\n        todo!(\"chapter 1.2: write `bump`: Adds one.\")\n"
         ));
         // A starter's todo is itself a region: handing it out again changes nothing.
         assert_eq!(replace_regions(&out, &sections).unwrap(), out);
