@@ -1,5 +1,5 @@
-//! How much the request bookkeeping costs per token: `append_token` with its stop rules runs
-//! once for every token every sequence produces, so it must be nothing next to a model step.
+//! Chapter 0's benchmark: what the request bookkeeping costs per token. `append_token` and its
+//! stop rules run once for every token every sequence produces: nothing next to a model step.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use phase0::{Request, SamplingParams, Sequence};
