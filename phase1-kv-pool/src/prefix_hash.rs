@@ -16,7 +16,10 @@ use sha2::{Digest, Sha256};
 pub struct PageHash(pub [u8; 32]);
 
 impl PageHash {
-    /// Hash of `tokens` (one full page) following the page whose hash is `parent`.
+    /// Hash of `tokens` (one full page) following the page whose hash is `parent`. The
+    /// SHA-256 of, in order: the parent's 32 bytes, or for a first page (no parent) the 17
+    /// ASCII bytes `nano-serving/root`; then each token id as 4 little-endian bytes. A first
+    /// page of tokens 1, 2, 3, 4 prints as `23200388`.
     pub fn chain(parent: Option<&PageHash>, tokens: &[TokenId]) -> PageHash {
         // BEGIN SOLUTION
         let mut hasher = Sha256::new();
@@ -75,6 +78,16 @@ mod tests {
         assert_ne!(a[1], c[1]);
         // A first page differs from the same tokens chained after another page.
         assert_ne!(PageHash::chain(None, &[3, 4]), a[1]);
+    }
+
+    #[test]
+    fn the_bytes_hashed_are_the_root_tag_or_parent_then_little_endian_ids() {
+        let first = PageHash::chain(None, &[1, 2, 3, 4]);
+        let second = PageHash::chain(Some(&first), &[5, 6, 7, 8]);
+        let why = "SHA-256 of b\"nano-serving/root\" (no parent) or the parent's 32 bytes, \
+                   then each token as u32::to_le_bytes; printed as the first 4 bytes in hex";
+        assert_eq!(first.to_string(), "23200388", "{why}");
+        assert_eq!(second.to_string(), "265e42df", "{why}");
     }
 
     #[test]

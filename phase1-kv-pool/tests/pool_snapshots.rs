@@ -1,5 +1,8 @@
 //! What a person sees when they print a pool: checked against committed snapshots so a change
-//! in the layout of the dump is a deliberate one.
+//! in the layout of the dump is a deliberate one. Every value in them follows from chapter 1's
+//! text: page ids from the free queue's order (a new pool hands out 0, 1, 2, ...), hashes from
+//! the bytes `PageHash::chain` hashes. A snapshot that differs is a difference from the
+//! reference: fix the code, never re-record the snapshot.
 
 use phase1::{BlockTable, KvPool};
 

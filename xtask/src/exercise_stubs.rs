@@ -13,14 +13,15 @@
 //!
 //! so the answer is type-checked in every build but runs only with `--features solutions`.
 //! A starter must not carry the answer at all: the guard and the region become the bare
-//! `todo!("exercise 4.1: ...")`, the body a student starts from.
+//! `todo!("exercise 4.1: ...")`, the body a student starts from. Such a bare stub is read back
+//! as the exercise it is, so the same tool lists a starter's exercises.
 
 const GUARD: &str = "if !cfg!(feature = \"solutions\") {";
 const BEGIN: &str = "// BEGIN SOLUTION";
 const END: &str = "// END SOLUTION";
 
 /// Replaces every guarded solution region of an exercise file with its `todo!`. Returns the
-/// new source and the `todo!` messages in order. A region without the guard, or a guard
+/// new source and the `todo!` messages in order (bare stubs included). A region without the guard, or a guard
 /// without a region, is an error: either would leak an answer or leave a body empty.
 pub fn strip_solutions(source: &str) -> Result<(String, Vec<String>), String> {
     let lines: Vec<&str> = source.lines().collect();
@@ -61,7 +62,10 @@ pub fn strip_solutions(source: &str) -> Result<(String, Vec<String>), String> {
                     "{at}: an exercise's solution region must follow its `{GUARD}` guard"
                 ));
             }
-            _ => {
+            other => {
+                if let Some(message) = bare_stub(other) {
+                    todos.push(message.to_string());
+                }
                 out.push_str(line);
                 out.push('\n');
                 i += 1;
@@ -69,6 +73,15 @@ pub fn strip_solutions(source: &str) -> Result<(String, Vec<String>), String> {
         }
     }
     Ok((out, todos))
+}
+
+/// The message of a stub already handed out: `todo!("exercise 4.1: ...")`.
+fn bare_stub(line: &str) -> Option<&str> {
+    let message = line.strip_prefix("todo!(\"")?;
+    let message = message
+        .strip_suffix("\");")
+        .or_else(|| message.strip_suffix("\")"))?;
+    message.starts_with("exercise ").then_some(message)
 }
 
 #[cfg(test)]
@@ -96,6 +109,8 @@ mod tests {
             "impl Policy {\n    /// Picks the victim.\n    pub fn victim(&self) -> Option<u32> {\n        todo!(\"exercise 4.1: pick the least frequently used leaf\")\n    }\n}\n"
         );
         assert_eq!(todos, ["exercise 4.1: pick the least frequently used leaf"]);
+        // A starter's stub lists the same exercise and stays as it is.
+        assert_eq!(strip_solutions(&out).unwrap(), (out.clone(), todos));
     }
 
     #[test]

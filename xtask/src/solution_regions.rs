@@ -2,63 +2,95 @@
 //!
 //! A lesson body sits between a `// BEGIN SOLUTION` and an `// END SOLUTION` line, always at
 //! the tail of a function body, so replacing it with a `todo!(...)` still type-checks. The
-//! message names the chapter section and the function to write, taken from the nearest `fn`
-//! above the region and the first sentence of its doc comment.
+//! message names the lesson's number and the function to write, taken from the nearest `fn`
+//! above the region, and the first sentence of its doc comment. The marker lines stay around
+//! the `todo!`: they show the student where to write, and they let `cargo xtask starter` run
+//! in a starter find the regions again.
 
 const BEGIN: &str = "// BEGIN SOLUTION";
 const END: &str = "// END SOLUTION";
 
-/// One replaced region, for the listing the tool prints.
+/// One solution region of a file: the function it ends and the first sentence of its docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Region {
-    pub section: String,
     pub function: String,
     pub hint: String,
 }
 
-/// Replaces every solution region of `source` with a `todo!` naming `chapter.k`, numbering
-/// from `first_index`. Returns the new source and the regions in order.
-pub fn replace_regions(
-    source: &str,
-    chapter: &str,
-    first_index: usize,
-) -> Result<(String, Vec<Region>), String> {
+/// The solution regions of `source`, in source order.
+pub fn regions(source: &str) -> Result<Vec<Region>, String> {
+    Ok(scan(source)?.into_iter().map(|(_, _, r)| r).collect())
+}
+
+/// Replaces the body of the `i`-th solution region of `source` with a `todo!` naming
+/// `sections[i]` (`chapter 1.3`), keeping the marker lines.
+pub fn replace_regions(source: &str, sections: &[String]) -> Result<String, String> {
+    let found = scan(source)?;
+    if found.len() != sections.len() {
+        return Err(format!(
+            "{} solution regions but {} section numbers",
+            found.len(),
+            sections.len()
+        ));
+    }
     let lines: Vec<&str> = source.lines().collect();
     let mut out = String::with_capacity(source.len());
-    let mut regions = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        if line.trim() != BEGIN {
-            if line.trim() == END {
-                return Err(format!("line {}: END SOLUTION without BEGIN", i + 1));
-            }
+    let mut next = 0;
+    for ((begin, end, region), section) in found.iter().zip(sections) {
+        for line in &lines[next..=*begin] {
             out.push_str(line);
             out.push('\n');
-            i += 1;
-            continue;
         }
-        let end = (i + 1..lines.len())
-            .find(|&j| lines[j].trim() == END || lines[j].trim() == BEGIN)
-            .filter(|&j| lines[j].trim() == END)
-            .ok_or_else(|| format!("line {}: BEGIN SOLUTION without END", i + 1))?;
-        let indent = &line[..line.len() - line.trim_start().len()];
-        let (function, hint) = describe(&lines[..i]);
-        let section = format!("chapter {chapter}.{}", first_index + regions.len());
-        let message = if hint.is_empty() {
-            format!("{section}: write `{function}`")
-        } else {
-            format!("{section}: write `{function}`: {hint}")
-        };
-        out.push_str(&format!("{indent}todo!({message:?})\n"));
-        regions.push(Region {
-            section,
-            function,
-            hint,
-        });
-        i = end + 1;
+        let marker = lines[*begin];
+        let indent = &marker[..marker.len() - marker.trim_start().len()];
+        out.push_str(&format!(
+            "{indent}todo!({:?})\n",
+            todo_message(section, region)
+        ));
+        out.push_str(lines[*end]);
+        out.push('\n');
+        next = end + 1;
     }
-    Ok((out, regions))
+    for line in &lines[next..] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The text of a lesson's `todo!`: `chapter 1.3: write `allocate`: <hint>`.
+pub fn todo_message(section: &str, region: &Region) -> String {
+    format!("{section}: write `{}`: {}", region.function, region.hint)
+}
+
+/// Every region as (line of its BEGIN, line of its END, what it is).
+fn scan(source: &str) -> Result<Vec<(usize, usize, Region)>, String> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        match lines[i].trim() {
+            END => return Err(format!("line {}: END SOLUTION without BEGIN", i + 1)),
+            BEGIN => {
+                let end = (i + 1..lines.len())
+                    .find(|&j| matches!(lines[j].trim(), BEGIN | END))
+                    .filter(|&j| lines[j].trim() == END)
+                    .ok_or_else(|| format!("line {}: BEGIN SOLUTION without END", i + 1))?;
+                let (function, hint) = describe(&lines[..i]);
+                if hint.is_empty() {
+                    return Err(format!(
+                        "line {}: `{function}` has no doc comment: its first sentence is the \
+                         hint of the student's todo!",
+                        i + 1
+                    ));
+                }
+                found.push((i, end, Region { function, hint }));
+                i = end + 1;
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(found)
 }
 
 /// The name of the nearest function above a region and the first sentence of its docs.
@@ -110,7 +142,8 @@ mod tests {
         // END SOLUTION
     }
 
-    fn helper(&self) -> usize {
+    /// Adds one.
+    fn bump(&self) -> usize {
         let x = 1;
         // BEGIN SOLUTION
         x + 1
@@ -120,40 +153,54 @@ mod tests {
 "#;
 
     #[test]
-    fn regions_become_todos_named_after_their_function() {
-        let (out, regions) = replace_regions(SOURCE, "1", 1).unwrap();
-        assert!(!out.contains("SOLUTION"));
-        assert!(!out.contains("self.free.pop()"));
-        assert!(
-            out.contains("        todo!(\"chapter 1.1: write `allocate`: Takes a free page.\")\n")
+    fn regions_are_named_after_their_function_and_first_doc_sentence() {
+        let found = regions(SOURCE).unwrap();
+        assert_eq!(
+            found,
+            [
+                Region {
+                    function: "allocate".into(),
+                    hint: "Takes a free page.".into()
+                },
+                Region {
+                    function: "bump".into(),
+                    hint: "Adds one.".into()
+                }
+            ]
         );
-        assert!(
-            out.contains("        let x = 1;\n        todo!(\"chapter 1.2: write `helper`\")\n")
-        );
-        assert_eq!(regions.len(), 2);
-        assert_eq!(regions[1].section, "chapter 1.2");
     }
 
     #[test]
-    fn unbalanced_markers_are_errors() {
-        assert!(replace_regions("// BEGIN SOLUTION\nx\n", "0", 1).is_err());
-        assert!(replace_regions("x\n// END SOLUTION\n", "0", 1).is_err());
-        assert!(
-            replace_regions(
-                "// BEGIN SOLUTION\n// BEGIN SOLUTION\n// END SOLUTION\n",
-                "0",
-                1
-            )
-            .is_err()
-        );
+    fn bodies_become_numbered_todos_between_their_markers() {
+        let sections = ["chapter 1.4".to_string(), "chapter 1.2".to_string()];
+        let out = replace_regions(SOURCE, &sections).unwrap();
+        assert!(!out.contains("self.free.pop()"));
+        assert!(out.contains(
+            "        // BEGIN SOLUTION\n        todo!(\"chapter 1.4: write `allocate`: Takes a free page.\")\n        // END SOLUTION\n"
+        ));
+        assert!(out.contains(
+            "        let x = 1;\n        // BEGIN SOLUTION\n        todo!(\"chapter 1.2: write `bump`: Adds one.\")\n"
+        ));
+        // A starter's todo is itself a region: handing it out again changes nothing.
+        assert_eq!(replace_regions(&out, &sections).unwrap(), out);
+        assert!(replace_regions(SOURCE, &sections[..1]).is_err());
+    }
+
+    #[test]
+    fn unbalanced_markers_and_undocumented_lessons_are_errors() {
+        assert!(regions("// BEGIN SOLUTION\nx\n").is_err());
+        assert!(regions("x\n// END SOLUTION\n").is_err());
+        assert!(regions("// BEGIN SOLUTION\n// BEGIN SOLUTION\n// END SOLUTION\n").is_err());
+        let undocumented =
+            "fn f() -> u32 {\n    // BEGIN SOLUTION\n    1\n    // END SOLUTION\n}\n";
+        let e = regions(undocumented).unwrap_err();
+        assert!(e.contains("`f` has no doc comment"), "{e}");
     }
 
     #[test]
     fn files_without_regions_are_unchanged() {
         let src = "fn main() {}\n";
-        assert_eq!(
-            replace_regions(src, "0", 1).unwrap(),
-            (src.to_string(), vec![])
-        );
+        assert_eq!(regions(src).unwrap(), vec![]);
+        assert_eq!(replace_regions(src, &[]).unwrap(), src);
     }
 }

@@ -265,6 +265,9 @@ impl ChunkedLLM {
         self.register(id, &content, Some(tokens.to_vec()), chunk_type, metadata)
     }
 
+    /// Stores a chunk under `id` (a fresh id when deduplication is off and `id` is taken),
+    /// tokenizing its content unless its tokens are given, and computes its own K/V now if it
+    /// has any: a system prompt always, a context in independent mode.
     fn register(
         &mut self,
         mut id: String,
@@ -383,8 +386,8 @@ impl ChunkedLLM {
         }
     }
 
-    /// The segments of a composition (computing what is missing), its prompt tokens, and how
-    /// many of them come from chunk K/V.
+    /// The segments of a composition (computing what is missing) and its prompt tokens:
+    /// system, contexts and query.
     fn build(
         &mut self,
         c: &Composition,

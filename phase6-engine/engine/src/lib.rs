@@ -9,6 +9,8 @@
 mod config;
 mod driver;
 mod error;
+#[cfg(feature = "exercises")]
+pub mod exercises;
 mod llm;
 mod prompt;
 mod runner;
