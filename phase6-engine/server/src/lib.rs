@@ -23,6 +23,7 @@ mod engine_thread;
 pub mod exercises;
 mod metrics;
 mod openai;
+mod request_id;
 mod routes;
 mod sse;
 mod stats;

@@ -38,17 +38,43 @@ pub async fn chat_completions(
     generate(&app, req, Endpoint::ChatCompletions).await
 }
 
+/// The one model this server serves, as OpenAI describes a model.
+fn model_object(app: &AppState) -> Value {
+    json!({
+        "id": &*app.model_name,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "nano-serving",
+        "max_model_len": app.engine.info().max_model_len,
+    })
+}
+
+/// The model the request names does not exist here: OpenAI's 404.
+fn unknown_model(app: &AppState, model: &str) -> ApiError {
+    let err = ApiError::not_found(format!(
+        "the model {model:?} does not exist; this server serves {:?}",
+        app.model_name
+    ));
+    ApiError {
+        param: Some("model".into()),
+        ..err.with_code("model_not_found")
+    }
+}
+
 pub async fn models(State(app): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": &*app.model_name,
-            "object": "model",
-            "created": app.started,
-            "owned_by": "nano-serving",
-            "max_model_len": app.engine.info().max_model_len,
-        }],
-    }))
+    Json(json!({"object": "list", "data": [model_object(&app)]}))
+}
+
+/// `GET /v1/models/{id}`: the model, or OpenAI's 404 for another name.
+pub async fn model(
+    State(app): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id == *app.model_name {
+        Ok(Json(model_object(&app)))
+    } else {
+        Err(unknown_model(&app, &id))
+    }
 }
 
 pub async fn generate(
@@ -59,14 +85,7 @@ pub async fn generate(
     if let Some(model) = &req.model
         && **model != *app.model_name
     {
-        let err = ApiError::not_found(format!(
-            "the model {model:?} does not exist; this server serves {:?}",
-            app.model_name
-        ));
-        return Err(ApiError {
-            param: Some("model".into()),
-            ..err.with_code("model_not_found")
-        });
+        return Err(unknown_model(app, model));
     }
     let generation = app
         .engine

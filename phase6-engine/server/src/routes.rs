@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::engine_thread::EngineHandle;
-use crate::{auth, chunks, metrics, openai};
+use crate::{auth, chunks, metrics, openai, request_id};
 use phase6_openai::ApiError;
 
 /// What every handler can reach.
@@ -35,6 +35,7 @@ fn api_routes() -> Router<AppState> {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
         .route("/v1/chunks", post(chunks::register).get(chunks::list))
         .route("/v1/chunks/generate", post(chunks::generate))
         .route("/v1/chunks/stats", get(chunks::stats))
@@ -53,6 +54,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_id::tag,
+        ))
         .with_state(state)
 }
 

@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::harness::{start_default, stream_text};
+use crate::harness::{assert_error, start_default, stream_text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_whole_and_streamed_agree() {
@@ -145,6 +145,11 @@ async fn models_health_and_metrics() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny-shakespeare");
     assert_eq!(models["data"][0]["object"], "model");
+    let (status, one) = s.get_json("/v1/models/tiny-shakespeare").await;
+    assert_eq!((status, &one), (StatusCode::OK, &models["data"][0]));
+    let (status, missing) = s.get_json("/v1/models/gpt-4").await;
+    assert_error(status, &missing, StatusCode::NOT_FOUND, Some("model"));
+    assert_eq!(missing["error"]["code"], "model_not_found");
     let (status, health) = s.get_json("/health").await;
     assert_eq!((status, health), (StatusCode::OK, json!({"status": "ok"})));
 
@@ -166,4 +171,25 @@ async fn models_health_and_metrics() {
     assert!((0.0..=1.0).contains(&m.get("nano_prefix_cache_hit_rate")));
     assert_eq!(m.get("nano_kv_page_holds_requests"), 0.0);
     assert!(m.0.contains("# TYPE nano_requests_running gauge"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_a_request_id() {
+    let s = start_default().await;
+    let given = s
+        .client
+        .get(s.url("/v1/models"))
+        .header("x-request-id", "trace-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(given.headers()["x-request-id"], "trace-42");
+    let mut made = Vec::new();
+    for path in ["/health", "/no/such/path"] {
+        let resp = s.client.get(s.url(path)).send().await.unwrap();
+        let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(id.starts_with("req-"), "{id}");
+        made.push(id);
+    }
+    assert_ne!(made[0], made[1], "each request gets its own id");
 }
