@@ -385,7 +385,8 @@ fn content(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
     }
 }
 
-fn chat_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The `messages` of a chat request (or of `/tokenize`), each a role and its text, checked.
+pub fn chat_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match messages {
         None => return Err(ApiError::invalid("messages", "messages is required")),
         Some(Value::Array(items)) if items.is_empty() => {

@@ -160,6 +160,11 @@ impl EngineHandle {
         })
     }
 
+    /// The model's tokenizer, where it has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_deref()
+    }
+
     pub fn info(&self) -> &EngineInfo {
         &self.info
     }
@@ -181,7 +186,7 @@ impl EngineHandle {
     /// Token ids of a text or chat prompt, computed on a blocking thread of the runtime: a
     /// megabyte of text keeps the tokenizer busy for hundreds of milliseconds, which neither
     /// the engine's steps nor the server's other connections should wait for.
-    async fn tokenize(&self, prompt: PromptInput) -> Result<EnginePrompt, ApiError> {
+    pub async fn tokenize(&self, prompt: PromptInput) -> Result<EnginePrompt, ApiError> {
         let param = prompt.param();
         let rejected = |e: phase2::Error| ApiError::rejected(Error::from(e), param);
         let text_or_chat = match prompt {

@@ -28,6 +28,7 @@ mod routes;
 mod sse;
 mod stats;
 mod stop;
+mod tokenize;
 
 use std::io;
 use std::net::SocketAddr;

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::engine_thread::EngineHandle;
-use crate::{auth, chunks, metrics, openai, request_id};
+use crate::{auth, chunks, metrics, openai, request_id, tokenize};
 use phase6_openai::ApiError;
 
 /// What every handler can reach.
@@ -36,6 +36,8 @@ fn api_routes() -> Router<AppState> {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/chunks", post(chunks::register).get(chunks::list))
         .route("/v1/chunks/generate", post(chunks::generate))
         .route("/v1/chunks/stats", get(chunks::stats))

@@ -193,3 +193,43 @@ async fn every_answer_carries_a_request_id() {
     }
     assert_ne!(made[0], made[1], "each request gets its own id");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_and_detokenize_agree_with_generation() {
+    let s = start_default().await;
+    let (status, t) = s.post_json("/tokenize", &json!({"prompt": "ROMEO:"})).await;
+    assert_eq!(status, StatusCode::OK);
+    let count = t["count"].as_u64().unwrap();
+    assert_eq!(t["tokens"].as_array().unwrap().len() as u64, count);
+    let (_, done) = s
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "ROMEO:", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(done["usage"]["prompt_tokens"].as_u64(), Some(count));
+    let (status, d) = s
+        .post_json("/detokenize", &json!({"tokens": t["tokens"]}))
+        .await;
+    assert_eq!(
+        (status, d["prompt"].as_str()),
+        (StatusCode::OK, Some("ROMEO:"))
+    );
+
+    let messages = json!([{"role": "user", "content": "Who art thou?"}]);
+    let (_, chat) = s
+        .post_json("/tokenize", &json!({"messages": messages}))
+        .await;
+    let (_, answer) = s
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(chat["count"], answer["usage"]["prompt_tokens"]);
+
+    let (status, bad) = s
+        .post_json("/detokenize", &json!({"tokens": [999_999]}))
+        .await;
+    assert_error(status, &bad, StatusCode::BAD_REQUEST, Some("tokens"));
+}
