@@ -74,7 +74,7 @@ async fn health(State(app): State<AppState>) -> Response {
 
 async fn not_found() -> ApiError {
     ApiError::not_found(
-        "no such endpoint; see /v1/completions, /v1/chat/completions, /v1/models, /v1/chunks, /health, /metrics",
+        "no such endpoint; see /v1/completions, /v1/chat/completions, /v1/models, /v1/chunks, /tokenize, /detokenize, /health, /metrics",
     )
 }
 
