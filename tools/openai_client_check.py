@@ -25,6 +25,15 @@ def main():
 
     models = client.models.list()
     check("models.list", [m.id for m in models.data] == [model], models)
+    one = client.models.retrieve(model)
+    check("models.retrieve", one.id == model and one.object == "model", one)
+    try:
+        client.models.retrieve("no-such-model")
+        check("models.retrieve unknown", False, "no error")
+    except openai.NotFoundError as e:
+        check("models.retrieve unknown", e.status_code == 404, e)
+    raw = client.models.with_raw_response.list(extra_headers={"X-Request-Id": "check-1"})
+    check("X-Request-Id echoed", raw.headers.get("x-request-id") == "check-1", raw.headers)
 
     whole = client.completions.create(
         model=model, prompt="ROMEO:\n", max_tokens=6, temperature=0
