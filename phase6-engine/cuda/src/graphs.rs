@@ -86,17 +86,14 @@ impl DecodeGraphs {
             ProgressStyle::with_template("decode graphs {bar:30} {pos}/{len} [{elapsed_precise}]")
                 .expect("valid template"),
         );
-        for (i, size) in sizes.into_iter().enumerate() {
+        for size in sizes {
             let layout = staging.pack(&padded(size), size * entries_per_seq);
             staging.upload(gpu, &layout)?;
             let inputs = staging.inputs(&layout);
-            // One eager run before the first capture: the engine's kernels are loaded and
-            // cuBLAS is initialised before anything is recorded. Later sizes are captured
-            // directly (a kernel cuBLAS picks for a new size loads during capture).
-            if i == 0 {
-                forward::run(gpu, dims, weights, act, kv, &inputs)?;
-                gpu.synchronize()?;
-            }
+            // One eager run first: every kernel is loaded and cuBLAS has chosen its algorithms
+            // before anything is recorded.
+            forward::run(gpu, dims, weights, act, kv, &inputs)?;
+            gpu.synchronize()?;
             let graph = graph::capture(gpu, || forward::run(gpu, dims, weights, act, kv, &inputs))?;
             buckets.push(Bucket {
                 size,
