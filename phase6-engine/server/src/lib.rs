@@ -18,6 +18,7 @@ mod active;
 mod auth;
 mod body;
 mod chunks;
+mod cors;
 mod engine_thread;
 #[cfg(feature = "exercises")]
 pub mod exercises;
@@ -60,6 +61,8 @@ pub struct ServeOptions {
     pub requests: RequestLimits,
     /// The connection layer's limits: connections, header and idle timeouts, shutdown grace.
     pub limits: Limits,
+    /// Web origins whose pages may call the server (`*`: any); none by default.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServeOptions {
@@ -71,6 +74,7 @@ impl Default for ServeOptions {
             body_timeout: Duration::from_secs(30),
             requests: RequestLimits::default(),
             limits: Limits::default(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -99,6 +103,7 @@ impl Server {
             max_body_bytes: options.max_body_bytes,
             body_timeout: options.body_timeout,
             request_limits: Arc::new(options.requests),
+            allowed_origins: options.allowed_origins.into(),
             started: openai::unix_now(),
         };
         Ok(Self {

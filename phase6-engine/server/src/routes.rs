@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::engine_thread::EngineHandle;
-use crate::{auth, chunks, metrics, openai, request_id, tokenize};
+use crate::{auth, chunks, cors, metrics, openai, request_id, tokenize};
 use phase6_openai::ApiError;
 
 /// What every handler can reach.
@@ -27,6 +27,8 @@ pub struct AppState {
     pub request_limits: Arc<phase6_openai::RequestLimits>,
     /// Unix seconds when the server started: the model's `created`, and part of answer ids.
     pub started: u64,
+    /// Origins allowed cross-origin access (`crate::cors`).
+    pub allowed_origins: Arc<[String]>,
 }
 
 /// The endpoints behind the API key.
@@ -56,6 +58,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), cors::cors))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             request_id::tag,

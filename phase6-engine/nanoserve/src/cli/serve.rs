@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// The model name clients send and /v1/models lists [default: the model folder's name]
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// A web origin whose pages may call the server (repeat for more; `*` for any); none by
+    /// default, so no web page can read the server's answers
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
     /// Largest request body accepted, in bytes (larger ones get 413)
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
@@ -87,6 +91,7 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
         model_name: args.model_name(),
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
+        allowed_origins: args.allowed_origins.clone(),
         body_timeout: Duration::from_secs(args.body_timeout),
         requests: RequestLimits {
             max_stop_strings: args.max_stop_strings,

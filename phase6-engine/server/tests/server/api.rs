@@ -233,3 +233,46 @@ async fn tokenize_and_detokenize_agree_with_generation() {
         .await;
     assert_error(status, &bad, StatusCode::BAD_REQUEST, Some("tokens"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_origin_access_only_for_the_origins_allowed() {
+    let page = "http://page.test";
+    let preflight = |s: &crate::harness::TestServer, origin: &str| {
+        s.client
+            .request(reqwest::Method::OPTIONS, s.url("/v1/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type")
+            .send()
+    };
+    // By default no origin is allowed: no preflight succeeds, no answer names an origin.
+    let s = start_default().await;
+    let resp = preflight(&s, page).await.unwrap();
+    assert_ne!(resp.status(), StatusCode::NO_CONTENT);
+    assert!(resp.headers().get("access-control-allow-origin").is_none());
+
+    let s = crate::harness::start(phase6_server::ServeOptions {
+        allowed_origins: vec![page.into()],
+        ..phase6_server::ServeOptions::default()
+    })
+    .await;
+    let resp = preflight(&s, page).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    assert_eq!(resp.headers()["access-control-allow-origin"], page);
+    assert!(
+        resp.headers()["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .contains("content-type")
+    );
+    let answer = s
+        .client
+        .get(s.url("/v1/models"))
+        .header("origin", page)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.headers()["access-control-allow-origin"], page);
+    let other = preflight(&s, "http://elsewhere.test").await.unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+}
