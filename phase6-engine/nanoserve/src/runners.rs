@@ -41,6 +41,9 @@ pub fn start_llm(
     tokenizer: Option<Tokenizer>,
     config: Config,
 ) -> Result<ChunkLLM, Error> {
+    // What the model needs of the config is checked before its weights are loaded.
+    config.validate()?;
+    config.validate_for(&model_config)?;
     let runner = build_runner(model_config.clone(), weights, &config)?;
     let overlap = config.overlap_scheduling && matches!(runner.device, Device::Cuda(_));
     let mut llm = LLM::from_runner(runner, model_config, tokenizer, config)?;

@@ -79,4 +79,24 @@ fn bad_command_lines_are_refused_with_a_reason() {
     let cli = Cli::try_parse_from(["nanoserve", "generate", "x", "--device", "tpu"]).unwrap();
     let err = nanoserve::cli::run(cli).unwrap_err().to_string();
     assert!(err.contains("device \"tpu\""), "{err}");
+    // What the model needs of the config is refused before any weight is made or read.
+    let config = phase6::models_dir().join("../configs/mistral-7b-v0.1.json");
+    let cli = Cli::try_parse_from([
+        "nanoserve",
+        "generate",
+        "x",
+        "--device",
+        "cpu",
+        "--random-weights",
+        "--config",
+        config.to_str().unwrap(),
+        "--max-model-len",
+        "8192",
+    ])
+    .unwrap();
+    let err = nanoserve::cli::run(cli).unwrap_err().to_string();
+    assert!(
+        err.contains("sliding-window attention over 4096 tokens"),
+        "{err}"
+    );
 }
