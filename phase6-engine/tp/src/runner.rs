@@ -10,6 +10,7 @@
 //! sampling (top-k, top-p) needs the whole distribution.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use phase1::{BlockTable, KvLayout};
 use phase2::ops::{matmul, rms_norm};
@@ -26,23 +27,27 @@ use crate::shard::{Shard, check_split};
 /// One rank: its part of the model with its own K/V store, and its link to the others.
 struct Rank {
     runner: CpuRunner,
-    vocab: Range<usize>,
+    /// Every rank's vocabulary slice (`Shard::vocab`), in rank order; this rank's is at
+    /// `group.rank()`.
+    vocabs: Arc<[Range<usize>]>,
     group: Box<dyn Collective>,
 }
 
 impl Rank {
-    /// This rank's share of one step; every rank returns the whole `[rows, vocab]` logits.
-    fn forward(&mut self, batch: &ForwardBatch, vocab_size: usize) -> Vec<f32> {
+    /// This rank's share of one step. Rank 0 returns the whole `[rows, vocab]` logits, which
+    /// the runner samples from; the other ranks return nothing.
+    fn forward(&mut self, batch: &ForwardBatch) -> Vec<f32> {
         let c = self.runner.model().config.clone();
         let h = c.hidden_size;
         let (offsets, positions) = batch_rows(batch);
         // BEGIN SOLUTION
         let model = self.runner.model();
+        let own = &self.vocabs[self.group.rank()];
         let mut x = vec![0.0f32; positions.len() * h];
         for (row, &tok) in batch.seqs.iter().flat_map(|s| &s.tokens).enumerate() {
             let tok = tok as usize;
-            if self.vocab.contains(&tok) {
-                let at = (tok - self.vocab.start) * h;
+            if own.contains(&tok) {
+                let at = (tok - own.start) * h;
                 x[row * h..(row + 1) * h].copy_from_slice(&model.embed[at..at + h]);
             }
         }
@@ -65,19 +70,19 @@ impl Rank {
         let n = rows.len() / h;
         let local = matmul(&rows, model.output_matrix(), n, h, c.vocab_size);
         let gathered = self.group.all_gather(&local);
+        if self.group.rank() != 0 {
+            return Vec::new();
+        }
         // `gathered` is rank 0's [n, v0] block, then rank 1's [n, v1], ...: interleave the rows.
-        let ws = self.group.world_size();
-        let each = vocab_size.div_ceil(ws);
+        let vocab_size = self.vocabs.last().map_or(0, |v| v.end);
         let mut logits = vec![0.0f32; n * vocab_size];
         let mut at = 0;
-        for r in 0..ws {
-            let (start, end) = ((r * each).min(vocab_size), ((r + 1) * each).min(vocab_size));
-            let width = end - start;
+        for v in self.vocabs.iter() {
             for i in 0..n {
-                logits[i * vocab_size + start..i * vocab_size + end]
-                    .copy_from_slice(&gathered[at + i * width..at + (i + 1) * width]);
+                logits[i * vocab_size + v.start..i * vocab_size + v.end]
+                    .copy_from_slice(&gathered[at + i * v.len()..at + (i + 1) * v.len()]);
             }
-            at += n * width;
+            at += n * v.len();
         }
         logits
         // END SOLUTION
@@ -106,19 +111,18 @@ impl TpCpuRunner {
     }
 
     fn from_model(model: &phase2::Model, tp: usize, num_pages: usize, page_size: usize) -> Self {
+        let shards = (0..tp).map(|rank| Shard {
+            rank,
+            world_size: tp,
+        });
+        let vocabs: Arc<[Range<usize>]> = shards.clone().map(|s| s.vocab(&model.config)).collect();
         let ranks = ThreadGroup::new(tp)
             .into_iter()
-            .enumerate()
-            .map(|(rank, group)| {
-                let shard = Shard {
-                    rank,
-                    world_size: tp,
-                };
-                Rank {
-                    runner: CpuRunner::new(shard.slice(model), num_pages, page_size),
-                    vocab: shard.vocab(&model.config),
-                    group: Box::new(group),
-                }
+            .zip(shards)
+            .map(|(group, shard)| Rank {
+                runner: CpuRunner::new(shard.slice(model), num_pages, page_size),
+                vocabs: vocabs.clone(),
+                group: Box::new(group),
             })
             .collect();
         Self {
@@ -164,7 +168,7 @@ impl ModelRunner for TpCpuRunner {
             let handles: Vec<_> = self
                 .ranks
                 .iter_mut()
-                .map(|rank| s.spawn(move || rank.forward(batch, vocab_size)))
+                .map(|rank| s.spawn(move || rank.forward(batch)))
                 .collect();
             handles
                 .into_iter()
