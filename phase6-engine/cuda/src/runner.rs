@@ -162,6 +162,14 @@ pub(crate) fn device_error(e: kernels::Error) -> Error {
     Error::Device(e.to_string())
 }
 
+/// A driver call's failure, said with what it was doing.
+pub(crate) fn driver_error(context: &str, source: kernels::DriverError) -> Error {
+    device_error(kernels::Error::Driver {
+        context: context.into(),
+        source,
+    })
+}
+
 impl CudaRunner {
     /// Opens the device, uploads `weights`, sizes the KV cache and, unless
     /// `options.enforce_eager`, captures the decode graphs.
@@ -592,12 +600,7 @@ impl QueuedRunner for CudaRunner {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let driver = |e| {
-            device_error(kernels::Error::Driver {
-                context: "reading sampled ids".into(),
-                source: e,
-            })
-        };
+        let driver = |e| driver_error("reading sampled ids", e);
         self.launched_done[buffer].synchronize().map_err(driver)?;
         let ids = self.launched_host[buffer].as_slice().map_err(driver)?;
         Ok(ids[..n].to_vec())

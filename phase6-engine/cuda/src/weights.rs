@@ -17,7 +17,7 @@ use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
 use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Error, ModelConfig, Weights};
 
-use crate::runner::device_error;
+use crate::runner::{device_error, driver_error};
 
 pub(crate) struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,
@@ -239,12 +239,12 @@ impl<'a> Loader<'a> {
                 stage
                     .done
                     .synchronize()
-                    .map_err(|e| driver("waiting for a staging copy", e))?;
+                    .map_err(|e| driver_error("waiting for a staging copy", e))?;
             }
             let host = stage
                 .host
                 .as_mut_slice()
-                .map_err(|e| driver("reading pinned host memory", e))?;
+                .map_err(|e| driver_error("reading pinned host memory", e))?;
             self.w.read_bf16(name, start, &mut host[..len])?;
             let mut view = out.slice_mut(offset + start..offset + start + len);
             self.gpu
@@ -274,13 +274,6 @@ impl<'a> Loader<'a> {
         );
         Ok(self.bytes)
     }
-}
-
-fn driver(context: &str, source: kernels::DriverError) -> Error {
-    device_error(kernels::Error::Driver {
-        context: context.into(),
-        source,
-    })
 }
 
 #[cfg(test)]
