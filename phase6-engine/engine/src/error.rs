@@ -41,6 +41,13 @@ pub enum Error {
     Internal(String),
 }
 
+impl Error {
+    /// A text prompt for a model without a tokenizer (random weights).
+    pub fn no_tokenizer() -> Self {
+        Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into())
+    }
+}
+
 impl From<phase0::Error> for Error {
     fn from(e: phase0::Error) -> Self {
         match e {

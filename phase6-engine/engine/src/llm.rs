@@ -224,9 +224,7 @@ impl<R: ?Sized + ModelRunner> LLM<R> {
     }
 
     fn require_tokenizer(&self) -> Result<&Tokenizer, Error> {
-        self.tokenizer.as_ref().ok_or_else(|| {
-            Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into())
-        })
+        self.tokenizer.as_ref().ok_or_else(Error::no_tokenizer)
     }
 
     /// Token ids of a prompt.

@@ -195,9 +195,7 @@ impl EngineHandle {
             other => other,
         };
         let Some(tokenizer) = self.tokenizer.clone() else {
-            let e =
-                Error::Tokenizer("this model has no tokenizer: give prompts as token ids".into());
-            return Err(ApiError::rejected(e, param));
+            return Err(ApiError::rejected(Error::no_tokenizer(), param));
         };
         let ids = tokio::task::spawn_blocking(move || match text_or_chat {
             PromptInput::Text(text) => tokenizer.encode(&text),
