@@ -274,7 +274,8 @@ impl Gpu {
 }
 
 /// Fails with [`Error::NoDevice`] unless the driver is installed and device `ordinal` exists.
-fn find_device(ordinal: usize) -> Result<()> {
+/// How many CUDA devices this machine has; [`Error::NoDevice`] when there is no driver.
+pub fn device_count() -> Result<usize> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(Error::NoDevice(
             "the CUDA driver library (libcuda) is not installed".into(),
@@ -284,7 +285,12 @@ fn find_device(ordinal: usize) -> Result<()> {
         .map_err(|e| Error::NoDevice(format!("the CUDA driver did not start: {e}")))?;
     let count = CudaContext::device_count()
         .map_err(|e| Error::NoDevice(format!("cannot count devices: {e}")))?;
-    if ordinal >= count.max(0) as usize {
+    Ok(count.max(0) as usize)
+}
+
+fn find_device(ordinal: usize) -> Result<()> {
+    let count = device_count()?;
+    if ordinal >= count {
         return Err(Error::NoDevice(format!(
             "device {ordinal} requested, {count} present"
         )));

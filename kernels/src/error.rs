@@ -55,6 +55,11 @@ pub enum Error {
         message: String,
     },
 
+    /// A collective operation between devices (an all-reduce, an all-gather) failed; the
+    /// library that ran it says why.
+    #[error("{op} between devices: {message}")]
+    Collective { op: &'static str, message: String },
+
     #[error("kernel cache {}: {source}", path.display())]
     Cache {
         path: PathBuf,

@@ -22,7 +22,68 @@ pub fn embedding(
     out: &mut impl DevicePtrMut<bf16>,
     hidden: usize,
 ) -> Result<()> {
-    launch(gpu, "embedding", ids, table, vocab, out, hidden)
+    launch(gpu, "embedding", ids, table, (0, vocab), out, hidden)
+}
+
+/// [`embedding`] over a slice of the vocabulary: `table: bf16[rows, hidden]` holds the rows of
+/// ids `first..first + rows` (a tensor-parallel rank's part), and any other id gives a row of
+/// zeros, so the ranks' outputs sum to the whole lookup.
+pub fn embedding_slice(
+    gpu: &Gpu,
+    ids: &impl DevicePtr<u32>,
+    table: &impl DevicePtr<bf16>,
+    (first, rows): (usize, usize),
+    out: &mut impl DevicePtrMut<bf16>,
+    hidden: usize,
+) -> Result<()> {
+    launch(
+        gpu,
+        "embedding_slice",
+        ids,
+        table,
+        (first, rows),
+        out,
+        hidden,
+    )
+}
+
+/// Joins the vocabulary slices of tensor-parallel logits: `parts: f32[ranks, rows, each]` (what
+/// an all-gather of every rank's `[rows, each]` block gives) into `out: f32[rows, vocab]`, where
+/// rank `r` holds ids `r * each..` and `vocab <= ranks * each`.
+pub fn join_vocab_slices(
+    gpu: &Gpu,
+    parts: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<f32>,
+    rows: usize,
+    vocab: usize,
+    each: usize,
+) -> Result<()> {
+    const K: &str = "join_vocab_slices";
+    if each == 0 || rows == 0 {
+        return Ok(());
+    }
+    let ranks = vocab.div_ceil(each);
+    check::at_least(K, "parts", parts.len(), ranks * rows * each)?;
+    check::at_least(K, "output", out.len(), rows * vocab)?;
+    let n = rows * vocab;
+    let (rows_arg, vocab_arg, each_arg) = (
+        check::int(K, "rows", rows)?,
+        check::int(K, "vocab", vocab)?,
+        check::int(K, "each", each)?,
+    );
+    let (pp, po) = (gpu.ptr(parts), gpu.ptr_mut(out));
+    let f = gpu.function(Source::GatherRows, K)?;
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch
+        .arg(&pp)
+        .arg(&po)
+        .arg(&rows_arg)
+        .arg(&vocab_arg)
+        .arg(&each_arg);
+    let blocks =
+        u32::try_from(n.div_ceil(256)).map_err(|_| check::invalid(K, "too many logits"))?;
+    unsafe { launch.launch(grid((blocks, 1, 1), 256)) }.during(K)?;
+    Ok(())
 }
 
 /// `out[i, :] = src[index[i], :]` for `src: bf16[src_rows, width]`, `index: u32[len]`,
@@ -35,7 +96,7 @@ pub fn gather_rows(
     out: &mut impl DevicePtrMut<bf16>,
     width: usize,
 ) -> Result<()> {
-    launch(gpu, "gather_rows", index, src, src_rows, out, width)
+    launch(gpu, "gather_rows", index, src, (0, src_rows), out, width)
 }
 
 /// Marks an input id as "row `row` of the previous step's sampled ids" (see [`take_pending`]).
@@ -71,7 +132,7 @@ fn launch(
     kernel: &'static str,
     index: &impl DevicePtr<u32>,
     table: &impl DevicePtr<bf16>,
-    table_rows: usize,
+    (first, table_rows): (usize, usize),
     out: &mut impl DevicePtrMut<bf16>,
     width: usize,
 ) -> Result<()> {
@@ -79,8 +140,9 @@ fn launch(
     check::multiple_of_8(kernel, "row width", width)?;
     check::at_least(kernel, "table", table.len(), table_rows * width)?;
     check::at_least(kernel, "output", out.len(), rows * width)?;
-    let table_rows = u32::try_from(table_rows)
-        .map_err(|_| check::invalid(kernel, "more than 2^32 table rows"))?;
+    let (Ok(first), Ok(table_rows)) = (u32::try_from(first), u32::try_from(table_rows)) else {
+        return Err(check::invalid(kernel, "more than 2^32 table rows"));
+    };
     let width_arg = check::int(kernel, "width", width)?;
     if rows == 0 {
         return Ok(());
@@ -95,6 +157,7 @@ fn launch(
         .arg(&pi)
         .arg(&pt)
         .arg(&po)
+        .arg(&first)
         .arg(&table_rows)
         .arg(&width_arg);
     unsafe { launch.launch(grid((rows as u32, 1, 1), threads)) }.during(kernel)?;

@@ -45,7 +45,7 @@ pub mod sampling;
 pub mod split_k;
 
 pub use compile::{Arch, Compiler};
-pub use device::Gpu;
+pub use device::{Gpu, device_count};
 pub use error::{Error, Result};
 pub use source::Source;
 

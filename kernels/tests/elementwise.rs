@@ -52,6 +52,52 @@ fn embedding_and_gather_rows_copy_exactly() {
     }
 }
 
+/// A vocabulary split over ranks: the slices' lookups sum to the whole table's (each id is in
+/// exactly one slice), and the ranks' gathered logits join back into rows of the whole vocabulary.
+#[test]
+fn vocabulary_slices_embed_and_join_like_the_whole() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(2);
+    let (vocab, hidden, ranks) = (1001, 64, 4);
+    let each = vocab.div_ceil(ranks);
+    let table = to_bf16(&rng.normals(vocab * hidden, 1.0));
+    let ids: Vec<u32> = (0..29).map(|_| rng.below(vocab) as u32).collect();
+    let d_ids = gpu.upload(&ids).unwrap();
+    let mut whole = vec![0.0f32; ids.len() * hidden];
+    for r in 0..ranks {
+        let rows = each.min(vocab - r * each);
+        let part = &table[r * each * hidden..(r * each + rows) * hidden];
+        let d_part = gpu.upload(part).unwrap();
+        let mut d_out = gpu.upload(&poison_bf16(ids.len() * hidden)).unwrap();
+        gather::embedding_slice(&gpu, &d_ids, &d_part, (r * each, rows), &mut d_out, hidden)
+            .unwrap();
+        for (w, x) in whole.iter_mut().zip(gpu.download(&d_out).unwrap()) {
+            *w += x.to_f32();
+        }
+    }
+    for (t, &id) in ids.iter().enumerate() {
+        let want = &table[id as usize * hidden..(id as usize + 1) * hidden];
+        let got = &whole[t * hidden..(t + 1) * hidden];
+        assert!(got.iter().zip(want).all(|(a, b)| *a == b.to_f32()));
+    }
+
+    let rows = 3;
+    let logits: Vec<f32> = (0..rows * vocab).map(|i| i as f32).collect();
+    // What an all-gather of each rank's [rows, each] block (the last one padded) lays out.
+    let mut parts = vec![f32::NAN; ranks * rows * each];
+    for r in 0..ranks {
+        for row in 0..rows {
+            for c in 0..each.min(vocab - r * each) {
+                parts[(r * rows + row) * each + c] = logits[row * vocab + r * each + c];
+            }
+        }
+    }
+    let d_parts = gpu.upload(&parts).unwrap();
+    let mut d_out = gpu.zeros::<f32>(rows * vocab).unwrap();
+    gather::join_vocab_slices(&gpu, &d_parts, &mut d_out, rows, vocab, each).unwrap();
+    assert_eq!(gpu.download(&d_out).unwrap(), logits);
+}
+
 fn rms_reference(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + eps).sqrt();

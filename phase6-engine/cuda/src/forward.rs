@@ -5,6 +5,11 @@
 //! Hidden states are bf16 between kernels, arithmetic inside them f32 (as in vLLM). The
 //! residual stream is added inside the norms (`add_rms_norm`), and only the last token of each
 //! sampling sequence goes through the lm_head.
+//!
+//! The runner launches whatever [`DeviceModel`] it was given: the whole model on this GPU
+//! ([`DeviceWeights`], whose step is [`run`]), or one rank's part of a model split over several
+//! GPUs, which composes the same pieces ([`attention_block`], [`mlp_block`], [`final_rows`])
+//! with collectives in between (chapter 6.5).
 
 use kernels::decode::{self, DecodeWorkspace};
 use kernels::merge::{self, PartialState};
@@ -16,12 +21,45 @@ use kernels::{
     norm, split_k,
 };
 use phase2::ModelConfig;
+use phase6_cuda_weights::DeviceWeights;
 
-use crate::weights::{DeviceWeights, LayerWeights};
+/// What the runner launches for one step: every layer of the model, leaving the logits of
+/// `inputs.sample_rows` in [`Activations::logits`]. Launches only (no host synchronisation), so
+/// a step can be recorded into a CUDA graph.
+pub trait DeviceModel: Send {
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        m: &Dims,
+        a: &mut Activations,
+        kv: &mut KvCache,
+        inputs: &StepInputs<'_>,
+    ) -> Result<()>;
+
+    /// The weights this device holds (the RoPE table, what K/V copies turn keys with).
+    fn weights(&self) -> &DeviceWeights;
+}
+
+impl DeviceModel for DeviceWeights {
+    fn forward(
+        &mut self,
+        gpu: &Gpu,
+        m: &Dims,
+        a: &mut Activations,
+        kv: &mut KvCache,
+        inputs: &StepInputs<'_>,
+    ) -> Result<()> {
+        run(gpu, m, self, a, kv, inputs)
+    }
+
+    fn weights(&self) -> &DeviceWeights {
+        self
+    }
+}
 
 /// The model's sizes as the kernels take them.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Dims {
+pub struct Dims {
     pub layers: usize,
     pub hidden: usize,
     pub heads: usize,
@@ -103,19 +141,36 @@ pub(crate) struct LevelPart<'a> {
 }
 
 /// What one step reads, all in the staging buffer (see `staging`).
-pub(crate) struct StepInputs<'a> {
-    pub ids: CudaView<'a, u32>,
-    pub positions: CudaView<'a, i32>,
-    pub slots: CudaView<'a, i32>,
-    pub sample_rows: CudaView<'a, u32>,
-    pub decode: Option<DecodePart<'a>>,
+pub struct StepInputs<'a> {
+    pub(crate) ids: CudaView<'a, u32>,
+    pub(crate) positions: CudaView<'a, i32>,
+    pub(crate) slots: CudaView<'a, i32>,
+    pub(crate) sample_rows: CudaView<'a, u32>,
+    pub(crate) decode: Option<DecodePart<'a>>,
     /// The rows after the decode ones.
-    pub prefill: Option<PrefillPart<'a>>,
-    pub levels: Vec<LevelPart<'a>>,
+    pub(crate) prefill: Option<PrefillPart<'a>>,
+    pub(crate) levels: Vec<LevelPart<'a>>,
+}
+
+impl StepInputs<'_> {
+    /// Rows (tokens) in the step.
+    pub fn num_tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Token ids of the rows.
+    pub fn ids(&self) -> &CudaView<'_, u32> {
+        &self.ids
+    }
+
+    /// Rows whose logits the step returns.
+    pub fn num_sampled(&self) -> usize {
+        self.sample_rows.len()
+    }
 }
 
 /// Device buffers that every step reuses, sized once for the largest step.
-pub(crate) struct Activations {
+pub struct Activations {
     /// The residual stream `[tokens, hidden]`.
     resid: CudaSlice<bf16>,
     /// A sub-layer's input (normalised) or output `[tokens, hidden]`.
@@ -186,10 +241,35 @@ impl Activations {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// The residual stream `[tokens, hidden]` (the embedding's output before layer 0).
+    pub fn resid_mut(&mut self) -> &mut CudaSlice<bf16> {
+        &mut self.resid
+    }
+
+    /// Where a product of width `hidden` is: `bf16[tokens, hidden]`, or split-K partials
+    /// `f32[splits, tokens, hidden]` (both are sums, term by term, of what each part gives).
+    pub fn product_mut(&mut self, out: HiddenOut, t: usize, hidden: usize) -> ProductMut<'_> {
+        match out.splits {
+            1 => ProductMut::Whole(self.hidden.slice_mut(..t * hidden)),
+            n => ProductMut::Partials(self.partials.slice_mut(..n * t * hidden)),
+        }
+    }
+
+    /// The lm_head's input rows `[seqs, hidden]` (after [`final_rows`]).
+    pub fn last(&self) -> &CudaSlice<bf16> {
+        &self.last
+    }
+}
+
+/// A product's buffer, as [`Activations::product_mut`] finds it.
+pub enum ProductMut<'a> {
+    Whole(CudaViewMut<'a, bf16>),
+    Partials(CudaViewMut<'a, f32>),
 }
 
 /// One K and one V buffer for every layer, each `[layers][pages][kv_heads][page_size][head_dim]`.
-pub(crate) struct KvCache {
+pub struct KvCache {
     k: CudaSlice<bf16>,
     v: CudaSlice<bf16>,
     pub shape: CacheShape,
@@ -237,19 +317,34 @@ pub(crate) fn run(
     let t = s.ids.len();
     gather::embedding(gpu, &s.ids, &w.embed, m.vocab, &mut a.resid, m.hidden)?;
     let mut mlp_out = None;
-    for (l, layer) in w.layers.iter().enumerate() {
-        mlp_out = Some(decoder_layer(
-            gpu,
-            m,
-            l,
-            layer,
-            &w.rope_inv_freq,
-            a,
-            kv,
-            s,
-            mlp_out,
-        )?);
+    for l in 0..m.layers {
+        let attn_out = attention_block(gpu, m, l, w, a, kv, s, mlp_out, true)?;
+        mlp_out = Some(mlp_block(gpu, m, l, w, a, attn_out, t, true)?);
     }
+    final_rows(gpu, m, w, a, s, mlp_out)?;
+    let rows = s.sample_rows.len();
+    linear::linear(
+        gpu,
+        &a.last,
+        w.output(),
+        &mut a.logits,
+        rows,
+        m.vocab,
+        m.hidden,
+    )
+}
+
+/// The last layer's output added in and normalised, and the rows that sample gathered into
+/// [`Activations::last`], the lm_head's input.
+pub fn final_rows(
+    gpu: &Gpu,
+    m: &Dims,
+    w: &DeviceWeights,
+    a: &mut Activations,
+    s: &StepInputs<'_>,
+    mlp_out: Option<HiddenOut>,
+) -> Result<()> {
+    let t = s.ids.len();
     match mlp_out {
         Some(out) => add_norm(gpu, m, a, out, &w.final_norm, t)?,
         None => norm::rms_norm(
@@ -262,28 +357,19 @@ pub(crate) fn run(
             m.eps,
         )?,
     }
-    let rows = s.sample_rows.len();
-    gather::gather_rows(gpu, &a.hidden, t, &s.sample_rows, &mut a.last, m.hidden)?;
-    linear::linear(
-        gpu,
-        &a.last,
-        w.output(),
-        &mut a.logits,
-        rows,
-        m.vocab,
-        m.hidden,
-    )
+    gather::gather_rows(gpu, &a.hidden, t, &s.sample_rows, &mut a.last, m.hidden)
 }
 
 /// Where a product of width `hidden` (o_proj, down) left its output for the add + RMSNorm
 /// after it: whole in `a.hidden`, or as split-K partials in `a.partials`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HiddenOut {
+pub struct HiddenOut {
     splits: usize,
 }
 
 /// `x · w^T` of width `hidden` for the next [`add_norm`]: split-K when the step is thin (few
-/// rows make too few output tiles to fill the GPU, see `kernels::split_k`).
+/// rows make too few output tiles to fill the GPU, see `kernels::split_k`) and `may_split`.
+#[allow(clippy::too_many_arguments)]
 fn hidden_product(
     gpu: &Gpu,
     m: &Dims,
@@ -292,9 +378,13 @@ fn hidden_product(
     in_features: usize,
     out: (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
     t: usize,
+    may_split: bool,
 ) -> Result<HiddenOut> {
     let h = m.hidden;
-    let splits = split_k::num_splits(t, h, in_features);
+    let splits = match may_split {
+        true => split_k::num_splits(t, h, in_features),
+        false => 1,
+    };
     if splits > 1 {
         split_k::linear_partials(gpu, x, w, out.1, t, h, in_features, splits)?;
     } else {
@@ -330,37 +420,40 @@ fn add_norm(
     }
 }
 
-/// One decoder layer over all rows: `prev` is the previous layer's MLP output (`None` for
-/// layer 0: the embedding is in `a.resid`); returns where this layer's is.
+/// The attention half of decoder layer `l` over all rows, up to its output projection: `prev`
+/// is the previous layer's MLP output (`None` for layer 0: the embedding is in `a.resid`).
+/// Returns where the projection is, to be added to the residual stream by [`mlp_block`].
+/// `may_split` lets a thin step split the projection (split-K).
 #[allow(clippy::too_many_arguments)]
-fn decoder_layer(
+pub fn attention_block(
     gpu: &Gpu,
     m: &Dims,
     l: usize,
-    w: &LayerWeights,
-    rope_inv_freq: &CudaSlice<f32>,
+    w: &DeviceWeights,
     a: &mut Activations,
     kv: &mut KvCache,
     s: &StepInputs<'_>,
     prev: Option<HiddenOut>,
+    may_split: bool,
 ) -> Result<HiddenOut> {
     let (t, h) = (s.ids.len(), m.hidden);
+    let layer = &w.layers[l];
     // BEGIN SOLUTION
     match prev {
-        None => norm::rms_norm(gpu, &a.resid, &w.input_norm, &mut a.hidden, t, h, m.eps)?,
-        Some(out) => add_norm(gpu, m, a, out, &w.input_norm, t)?,
+        None => norm::rms_norm(gpu, &a.resid, &layer.input_norm, &mut a.hidden, t, h, m.eps)?,
+        Some(out) => add_norm(gpu, m, a, out, &layer.input_norm, t)?,
     }
-    linear::linear(gpu, &a.hidden, &w.qkv, &mut a.wide, t, m.qkv_width(), h)?;
-    if let Some(bias) = &w.qkv_bias {
+    linear::linear(gpu, &a.hidden, &layer.qkv, &mut a.wide, t, m.qkv_width(), h)?;
+    if let Some(bias) = &layer.qkv_bias {
         linear::add_bias(gpu, &mut a.wide, bias, t, m.qkv_width())?;
     }
     let rope = RopeStore {
         positions: s.positions.slice(..),
         slots: s.slots.slice(..),
-        q_norm: w.q_norm.as_ref().map(CudaSlice::as_view),
-        k_norm: w.k_norm.as_ref().map(CudaSlice::as_view),
+        q_norm: layer.q_norm.as_ref().map(CudaSlice::as_view),
+        k_norm: layer.k_norm.as_ref().map(CudaSlice::as_view),
         num_q_heads: m.heads,
-        inv_freq: rope_inv_freq.as_view(),
+        inv_freq: w.rope_inv_freq.as_view(),
         attention_factor: m.rope_attention_factor,
         norm_eps: m.eps,
     };
@@ -371,12 +464,47 @@ fn decoder_layer(
     }
     attention(gpu, m, l, a, kv, s)?;
     let out = (&mut a.hidden, &mut a.partials);
-    let attn_out = hidden_product(gpu, m, &a.attn, &w.o_proj, m.q_width(), out, t)?;
-    add_norm(gpu, m, a, attn_out, &w.post_norm, t)?;
-    linear::linear(gpu, &a.hidden, &w.gate_up, &mut a.wide, t, 2 * m.inter, h)?;
+    hidden_product(
+        gpu,
+        m,
+        &a.attn,
+        &layer.o_proj,
+        m.q_width(),
+        out,
+        t,
+        may_split,
+    )
+    // END SOLUTION
+}
+
+/// The MLP half of decoder layer `l`: adds the attention output `attn_out` to the residual
+/// stream, normalises, and runs gate/up, SiLU and down; returns where down's product is.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_block(
+    gpu: &Gpu,
+    m: &Dims,
+    l: usize,
+    w: &DeviceWeights,
+    a: &mut Activations,
+    attn_out: HiddenOut,
+    t: usize,
+    may_split: bool,
+) -> Result<HiddenOut> {
+    let (layer, h) = (&w.layers[l], m.hidden);
+    // BEGIN SOLUTION
+    add_norm(gpu, m, a, attn_out, &layer.post_norm, t)?;
+    linear::linear(
+        gpu,
+        &a.hidden,
+        &layer.gate_up,
+        &mut a.wide,
+        t,
+        2 * m.inter,
+        h,
+    )?;
     activation::silu_mul(gpu, &a.wide, &mut a.act, t, m.inter)?;
     let out = (&mut a.hidden, &mut a.partials);
-    hidden_product(gpu, m, &a.act, &w.down, m.inter, out, t)
+    hidden_product(gpu, m, &a.act, &layer.down, m.inter, out, t, may_split)
     // END SOLUTION
 }
 

@@ -16,10 +16,9 @@ use kernels::sampling::SampleParams;
 use kernels::{CudaView, Gpu, Result};
 use phase2::ForwardBatch;
 
-use crate::forward::{self, Activations, Dims, KvCache};
+use crate::forward::{Activations, DeviceModel, Dims, KvCache};
 use crate::plan::{Limits, StepPlan};
 use crate::staging::{self, Region, Staging};
-use crate::weights::DeviceWeights;
 
 struct Bucket {
     size: usize,
@@ -31,7 +30,7 @@ struct Bucket {
 /// The device state a capture records launches over.
 pub(crate) struct Model<'a> {
     pub dims: &'a Dims,
-    pub weights: &'a DeviceWeights,
+    pub model: &'a mut dyn DeviceModel,
     pub act: &'a mut Activations,
     pub kv: &'a mut KvCache,
 }
@@ -63,7 +62,7 @@ impl DecodeGraphs {
     ) -> Result<Self> {
         let Model {
             dims,
-            weights,
+            model,
             act,
             kv,
         } = model;
@@ -92,9 +91,9 @@ impl DecodeGraphs {
             let inputs = staging.inputs(&layout);
             // One eager run first: every kernel is loaded and cuBLAS has chosen its algorithms
             // before anything is recorded.
-            forward::run(gpu, dims, weights, act, kv, &inputs)?;
+            model.forward(gpu, dims, act, kv, &inputs)?;
             gpu.synchronize()?;
-            let graph = graph::capture(gpu, || forward::run(gpu, dims, weights, act, kv, &inputs))?;
+            let graph = graph::capture(gpu, || model.forward(gpu, dims, act, kv, &inputs))?;
             buckets.push(Bucket {
                 size,
                 fingerprint: layout.fingerprint(),

@@ -9,13 +9,14 @@
 //!
 //! [`ChunkRunner`]: phase6_chunks::ChunkRunner
 
-mod forward;
+pub mod forward;
 mod graphs;
 pub mod overlap;
 mod plan;
 mod runner;
 mod staging;
-mod weights;
 
+pub use forward::{Activations, DeviceModel, Dims, KvCache, StepInputs};
 pub use overlap::{Overlap, OverlapDriver, PENDING_TOKEN, QueuedRunner};
+pub use phase6_cuda_weights::{DeviceWeights, TensorSource};
 pub use runner::{CudaOptions, CudaRunner, MemoryReport};

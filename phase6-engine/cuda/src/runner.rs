@@ -24,12 +24,12 @@ use phase1::{BlockTable, KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 use phase6_chunks::{CascadeStats, ChunkRunner, SharedSegment, check_copy_kv, plan_cascade};
 
-use crate::forward::{self, Activations, Dims, KvCache};
+use crate::forward::{self, Activations, DeviceModel, Dims, KvCache};
 use crate::graphs::{self, DecodeGraphs};
 use crate::overlap::{PENDING_TOKEN, QueuedRunner};
 use crate::plan::{CascadeSplit, Limits, StepPlan};
 use crate::staging::Staging;
-use crate::weights::DeviceWeights;
+use phase6_cuda_weights::{DeviceWeights, device_error, driver_error};
 
 /// cuBLAS's fixed scratch memory (what Hopper GEMMs ask for at most).
 const BLAS_WORKSPACE: usize = 32 << 20;
@@ -136,7 +136,7 @@ pub struct CudaRunner {
     gpu: Gpu,
     dims: Dims,
     limits: Limits,
-    weights: DeviceWeights,
+    model: Box<dyn DeviceModel>,
     act: Activations,
     kv: KvCache,
     staging: Staging,
@@ -157,19 +157,6 @@ pub struct CudaRunner {
     cascade: CascadeStats,
 }
 
-/// A device failure as the runner trait reports it.
-pub(crate) fn device_error(e: kernels::Error) -> Error {
-    Error::Device(e.to_string())
-}
-
-/// A driver call's failure, said with what it was doing.
-pub(crate) fn driver_error(context: &str, source: kernels::DriverError) -> Error {
-    device_error(kernels::Error::Driver {
-        context: context.into(),
-        source,
-    })
-}
-
 impl CudaRunner {
     /// Opens the device, uploads `weights`, sizes the KV cache and, unless
     /// `options.enforce_eager`, captures the decode graphs.
@@ -177,6 +164,19 @@ impl CudaRunner {
         config: &ModelConfig,
         weights: &Weights,
         options: CudaOptions,
+    ) -> Result<Self, Error> {
+        Self::with_model(config, options, |gpu| {
+            Ok(Box::new(DeviceWeights::upload(gpu, config, weights)?))
+        })
+    }
+
+    /// [`CudaRunner::new`] for the model `load` puts on the device once it is open: the whole
+    /// model, or one rank's part of a split one (chapter 6.5; `config` then has the rank's
+    /// heads and intermediate size, and the whole vocabulary its logits are gathered into).
+    pub fn with_model(
+        config: &ModelConfig,
+        options: CudaOptions,
+        load: impl FnOnce(&Gpu) -> Result<Box<dyn DeviceModel>, Error>,
     ) -> Result<Self, Error> {
         check_supported(config, &options)?;
         let dims = Dims::new(config);
@@ -187,7 +187,7 @@ impl CudaRunner {
         gpu.preload().map_err(device_error)?;
         let device = gpu.name().map_err(device_error)?;
         let opened = start.elapsed().as_secs_f64();
-        let weights = DeviceWeights::upload(&gpu, config, weights)?;
+        let mut model = load(&gpu)?;
         let loaded = start.elapsed().as_secs_f64();
 
         let (hq, hkv) = (dims.heads, dims.kv_heads);
@@ -228,7 +228,7 @@ impl CudaRunner {
                 .min(shape.num_pages);
             let model = graphs::Model {
                 dims: &dims,
-                weights: &weights,
+                model: &mut *model,
                 act: &mut act,
                 kv: &mut kv,
             };
@@ -241,7 +241,7 @@ impl CudaRunner {
         let memory = MemoryReport {
             device,
             total_bytes: total,
-            weights_bytes: weights.bytes(),
+            weights_bytes: model.weights().bytes(),
             activation_bytes: act.bytes()
                 + staging.bytes()
                 + graphs.as_ref().map_or(0, DecodeGraphs::staging_bytes)
@@ -271,7 +271,7 @@ impl CudaRunner {
             gpu,
             dims,
             limits,
-            weights,
+            model,
             act,
             kv,
             staging,
@@ -332,17 +332,10 @@ impl CudaRunner {
                     gather::take_pending(&self.gpu, &mut self.staging.ids_mut(&layout), prev)
                         .map_err(device_error)?;
                 }
-                let d = &self.dims;
                 let inputs = self.staging.inputs(&layout);
-                forward::run(
-                    &self.gpu,
-                    d,
-                    &self.weights,
-                    &mut self.act,
-                    &mut self.kv,
-                    &inputs,
-                )
-                .map_err(device_error)?;
+                self.model
+                    .forward(&self.gpu, &self.dims, &mut self.act, &mut self.kv, &inputs)
+                    .map_err(device_error)?;
                 self.staging.params(layout.params_region())
             }
         };
@@ -556,7 +549,7 @@ impl ChunkRunner for CudaRunner {
         forward::copy_kv_rotated(
             gpu,
             &self.dims,
-            &self.weights.rope_inv_freq,
+            &self.model.weights().rope_inv_freq,
             &mut self.kv,
             &d_src,
             &d_dst,

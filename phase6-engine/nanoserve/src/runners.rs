@@ -1,6 +1,7 @@
 //! Picking the runner: the CPU chunk runner, the tensor-parallel CPU runner when the config asks
 //! for more than one rank, or the CUDA runner when this build has the `cuda` feature and the
-//! config asks for a GPU (or `auto` finds one), with overlap scheduling.
+//! config asks for a GPU (or `auto` finds one), with overlap scheduling; with more than one rank
+//! on GPUs, the tensor-parallel CUDA runner (one GPU per rank, steps not overlapped).
 
 use phase2::{ModelConfig, Tokenizer, Weights};
 use phase6::{Config, Device, Error, LLM, Runner};
@@ -15,11 +16,13 @@ pub fn build_runner(
 ) -> Result<Runner<dyn ChunkRunner>, Error> {
     if config.tensor_parallel_size > 1 {
         return match config.device {
-            Device::Cpu | Device::Auto => tp_cpu_runner(model_config, weights, config),
-            Device::Cuda(_) => Err(Error::Cuda(format!(
-                "tensor_parallel_size = {} runs on CPU ranks only in this build (--device cpu)",
-                config.tensor_parallel_size
-            ))),
+            Device::Cpu => tp_cpu_runner(model_config, weights, config),
+            Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
+                Ok(runner) => Ok(runner),
+                Err(Error::Cuda(_)) => tp_cpu_runner(model_config, weights, config),
+                Err(e) => Err(e),
+            },
+            Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
         };
     }
     match config.device {
@@ -45,7 +48,9 @@ pub fn start_llm(
     config.validate()?;
     config.validate_for(&model_config)?;
     let runner = build_runner(model_config.clone(), weights, &config)?;
-    let overlap = config.overlap_scheduling && matches!(runner.device, Device::Cuda(_));
+    let overlap = config.overlap_scheduling
+        && config.tensor_parallel_size == 1
+        && matches!(runner.device, Device::Cuda(_));
     let mut llm = LLM::from_runner(runner, model_config, tokenizer, config)?;
     if overlap {
         install_overlap(&mut llm);
@@ -74,8 +79,8 @@ fn gpu_runner(
     )))
 }
 
-/// The CUDA runner on device `n`, its KV cache sized by `gpu_memory_utilization` unless the
-/// config fixes the page count.
+/// The CUDA runner on device `n` (or, with `tensor_parallel_size` ranks, on devices `n..n + tp`),
+/// its KV cache sized by `gpu_memory_utilization` unless the config fixes the page count.
 #[cfg(feature = "cuda")]
 fn gpu_runner(
     model_config: ModelConfig,
@@ -94,6 +99,11 @@ fn gpu_runner(
         enforce_eager: config.enforce_eager,
         ..CudaOptions::default()
     };
+    if config.tensor_parallel_size > 1 {
+        // Started again with NCCL on the loader's path if it must be (see `nccl`).
+        phase6_tp::cuda::nccl::ensure_loadable(true).map_err(Error::Cuda)?;
+        return phase6_tp::cuda::tp_cuda_runner(model_config, weights, config, options);
+    }
     let runner = CudaRunner::new(&model_config, weights, options)?;
     let report = format!("device cuda:{n}: {}", runner.memory_report());
     Ok(Runner {

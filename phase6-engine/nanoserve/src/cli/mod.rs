@@ -64,7 +64,8 @@ pub struct ModelArgs {
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Ranks the model is split over (Megatron-style tensor parallelism; CPU ranks are threads)
+    /// Ranks the model is split over (Megatron-style tensor parallelism): threads on the CPU, or
+    /// one GPU each from the --device on, NCCL between them
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
     #[arg(long, default_value_t = 4096)]

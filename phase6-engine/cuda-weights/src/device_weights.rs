@@ -1,6 +1,7 @@
-//! The model's weights on the device, in bf16, with q/k/v and gate/up fused at load time.
+//! Chapter 6.4: the model's weights on the device, in bf16, with q/k/v and gate/up fused at
+//! load time.
 //!
-//! Checkpoint tensors are read as raw bytes from the memory-mapped files (`phase2::Weights`)
+//! Checkpoint tensors are read from the files (`phase2::Weights`, or any [`TensorSource`])
 //! and go to the device through a ring of pinned buffers: while the copy engine moves one
 //! buffer, every core fills the next one from the files (bf16 copied as it is, f16 and f32
 //! rounded to bf16 on the way), so reading the disk or page cache and crossing PCIe overlap,
@@ -15,11 +16,13 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
 use phase2::random_weights::{Uniform, tensor_key};
-use phase2::{Error, ModelConfig, Weights};
+use phase2::{Error, ModelConfig};
 
-use crate::runner::{device_error, driver_error};
+use crate::errors::{device_error, driver_error};
+use crate::source::TensorSource;
 
-pub(crate) struct LayerWeights {
+/// One decoder layer's tensors.
+pub struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,
     /// `[(heads + 2 kv_heads) * head_dim, hidden]`: q rows, then k, then v.
     pub qkv: CudaSlice<bf16>,
@@ -33,7 +36,8 @@ pub(crate) struct LayerWeights {
     pub down: CudaSlice<bf16>,
 }
 
-pub(crate) struct DeviceWeights {
+/// Every tensor of the model (or of a rank's part of it) on one device.
+pub struct DeviceWeights {
     pub embed: CudaSlice<bf16>,
     pub layers: Vec<LayerWeights>,
     pub final_norm: CudaSlice<bf16>,
@@ -46,8 +50,9 @@ pub(crate) struct DeviceWeights {
 
 impl DeviceWeights {
     /// Loads every tensor of `w` onto the device, showing progress on a terminal and printing
-    /// one summary line (size, time, GiB/s) on stderr.
-    pub fn upload(gpu: &Gpu, c: &ModelConfig, w: &Weights) -> Result<Self, Error> {
+    /// one summary line (size, time, GiB/s) on stderr. `c` gives the shapes the tensors must
+    /// have: the model's, or a rank's narrower ones (its heads, its slice of the vocabulary).
+    pub fn upload(gpu: &Gpu, c: &ModelConfig, w: &dyn TensorSource) -> Result<Self, Error> {
         let mut loader = Loader::new(gpu, w)?;
         let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
@@ -133,7 +138,7 @@ struct Stage {
 
 struct Loader<'a> {
     gpu: &'a Gpu,
-    w: &'a Weights,
+    w: &'a dyn TensorSource,
     /// Pinned buffers; none for random weights, which are made on the device.
     ring: Vec<Stage>,
     next: usize,
@@ -143,7 +148,7 @@ struct Loader<'a> {
 }
 
 impl<'a> Loader<'a> {
-    fn new(gpu: &'a Gpu, w: &'a Weights) -> Result<Self, Error> {
+    fn new(gpu: &'a Gpu, w: &'a dyn TensorSource) -> Result<Self, Error> {
         let ring = if w.random_seed().is_some() {
             Vec::new()
         } else {
@@ -188,7 +193,7 @@ impl<'a> Loader<'a> {
     fn fused(&mut self, parts: &[(String, Vec<usize>)]) -> Result<CudaSlice<bf16>, Error> {
         for (name, shape) in parts {
             let found = self.w.shape(name)?;
-            if found != shape.as_slice() {
+            if found != *shape {
                 return Err(Error::model_load(
                     name,
                     format!("tensor has shape {found:?}, expected {shape:?}"),
@@ -227,7 +232,7 @@ impl<'a> Loader<'a> {
 
     /// Queues tensor `name` into `out` from `offset` on, one pinned buffer at a time.
     fn copy(&mut self, name: &str, out: &mut CudaSlice<bf16>, offset: usize) -> Result<(), Error> {
-        let dtype = self.w.tensor_dtype(name)?;
+        let dtype = self.w.dtype(name)?;
         let n = self.w.shape(name)?.iter().product::<usize>();
         let mut start = 0;
         while start < n {
@@ -297,8 +302,8 @@ mod tests {
         };
         let dir = phase2::models_dir().join("fixtures/qwen25-yarn");
         let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let checkpoint = Weights::open(&dir).unwrap();
-        for w in [Weights::random(&c, 3), checkpoint] {
+        let checkpoint = phase2::Weights::open(&dir).unwrap();
+        for w in [phase2::Weights::random(&c, 3), checkpoint] {
             let d = DeviceWeights::upload(&gpu, &c, &w).unwrap();
             let host = |name: &str| {
                 let t = w.tensor(name).unwrap();

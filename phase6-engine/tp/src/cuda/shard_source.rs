@@ -1,0 +1,219 @@
+//! Chapter 6.5: a rank's tensors, sliced out of the checkpoint as the GPU loader reads them.
+//!
+//! The loader of chapter 6.4 reads any [`TensorSource`]; this one answers every read with the
+//! rank's part of the tensor (the split of [`crate::shard`]): a range of rows (q/k/v, gate/up,
+//! the vocabulary of the embedding and lm_head) is one contiguous read of the file, a range of
+//! columns (o_proj, down) one read per row. Nothing is re-exported: every rank reads its slices
+//! from the same safetensors files. Random weights are drawn element by element at their place
+//! in the whole tensor, so a rank holds exactly the slice of the single-GPU model.
+
+use std::ops::Range;
+
+use half::bf16;
+use phase2::random_weights::{Uniform, tensor_key};
+use phase2::{Dtype, Error, ModelConfig, Weights};
+use phase6_cuda_weights::TensorSource;
+use rayon::prelude::*;
+
+use crate::shard::Shard;
+
+/// How a rank's tensor is cut from the whole one.
+#[derive(Debug, Clone, PartialEq)]
+enum Cut {
+    Whole,
+    /// Rows `rows` of a matrix (or vector) whose rows are `width` elements, followed by zero
+    /// rows up to `padded` rows (the last rank's slice of the vocabulary).
+    Rows {
+        rows: Range<usize>,
+        width: usize,
+        padded: usize,
+    },
+    /// Columns `cols` of every row of a matrix `width` wide.
+    Columns {
+        cols: Range<usize>,
+        width: usize,
+    },
+}
+
+/// Rank `shard`'s view of `weights`.
+pub struct ShardSource<'w> {
+    weights: &'w Weights,
+    config: ModelConfig,
+    shard: Shard,
+}
+
+impl<'w> ShardSource<'w> {
+    pub fn new(weights: &'w Weights, config: &ModelConfig, shard: Shard) -> Self {
+        Self {
+            weights,
+            config: config.clone(),
+            shard,
+        }
+    }
+
+    /// Rows of every rank's slice of the vocabulary (the last one padded to it), so that all
+    /// ranks' logits have the same width, as an all-gather needs.
+    pub fn vocab_rows(c: &ModelConfig, tp: usize) -> usize {
+        c.vocab_size.div_ceil(tp)
+    }
+
+    fn cut(&self, name: &str) -> Result<Cut, Error> {
+        let c = &self.config;
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let shape = self.weights.shape(name)?;
+        let width = if shape.len() == 2 { shape[1] } else { 1 };
+        let rows = |r: Range<usize>| Cut::Rows {
+            padded: r.len(),
+            rows: r,
+            width,
+        };
+        let (q, kv, inter) = (
+            self.shard.q_heads(c),
+            self.shard.kv_heads(c),
+            self.shard.intermediate(c),
+        );
+        let heads = |r: Range<usize>| r.start * d..r.end * d;
+        let Some(part) = name.strip_prefix("model.layers.") else {
+            return Ok(match name {
+                "model.embed_tokens.weight" | "lm_head.weight" => Cut::Rows {
+                    rows: self.shard.vocab(c),
+                    width: h,
+                    padded: Self::vocab_rows(c, self.shard.world_size),
+                },
+                _ => Cut::Whole,
+            });
+        };
+        let part = part.split_once('.').map_or("", |(_, p)| p);
+        Ok(match part {
+            "self_attn.q_proj.weight" | "self_attn.q_proj.bias" => rows(heads(q)),
+            "self_attn.k_proj.weight"
+            | "self_attn.k_proj.bias"
+            | "self_attn.v_proj.weight"
+            | "self_attn.v_proj.bias" => rows(heads(kv)),
+            "self_attn.o_proj.weight" => Cut::Columns {
+                cols: heads(q),
+                width,
+            },
+            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => rows(inter),
+            "mlp.down_proj.weight" => Cut::Columns { cols: inter, width },
+            _ => Cut::Whole,
+        })
+    }
+
+    /// Elements `at..at + out.len()` of the whole tensor `name`.
+    fn read_whole(&self, name: &str, at: usize, out: &mut [bf16]) -> Result<(), Error> {
+        match self.weights.random_seed() {
+            Some(seed) => {
+                let dist = Uniform::for_tensor(name, self.weights.shape(name)?);
+                let key = tensor_key(seed, name);
+                out.par_iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = dist.draw(key, (at + i) as u64));
+                Ok(())
+            }
+            None => self.weights.read_bf16(name, at, out),
+        }
+    }
+}
+
+impl TensorSource for ShardSource<'_> {
+    fn shape(&self, name: &str) -> Result<Vec<usize>, Error> {
+        let mut shape = self.weights.shape(name)?.to_vec();
+        match self.cut(name)? {
+            Cut::Whole => {}
+            Cut::Rows { padded, .. } => shape[0] = padded,
+            Cut::Columns { cols, .. } => shape[1] = cols.len(),
+        }
+        Ok(shape)
+    }
+
+    fn dtype(&self, name: &str) -> Result<Dtype, Error> {
+        self.weights.tensor_dtype(name)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.weights.contains(name)
+    }
+
+    fn read_bf16(&self, name: &str, start: usize, out: &mut [bf16]) -> Result<(), Error> {
+        match self.cut(name)? {
+            Cut::Whole => self.read_whole(name, start, out),
+            Cut::Rows { rows, width, .. } => {
+                // Elements past the rank's real rows are the padding: zeros.
+                let real = (rows.len() * width).saturating_sub(start).min(out.len());
+                let (data, pad) = out.split_at_mut(real);
+                pad.fill(bf16::ZERO);
+                self.read_whole(name, rows.start * width + start, data)
+            }
+            Cut::Columns { cols, width } => {
+                let n = cols.len();
+                let mut done = 0;
+                while done < out.len() {
+                    let (row, col) = ((start + done) / n, (start + done) % n);
+                    let run = (n - col).min(out.len() - done);
+                    let at = row * width + cols.start + col;
+                    self.read_whole(name, at, &mut out[done..done + run])?;
+                    done += run;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Random weights are drawn here, slice by slice, rather than made whole on the device.
+    fn random_seed(&self) -> Option<u64> {
+        None
+    }
+
+    fn total_bytes(&self) -> usize {
+        self.weights
+            .names()
+            .map(|name| {
+                let n: usize = self.shape(name).map_or(0, |s| s.iter().product());
+                n * self.weights.tensor_dtype(name).map_or(2, Dtype::size_bytes)
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank's tensors read through the view are the slices `Shard::slice` cuts on the CPU.
+    #[test]
+    fn slices_match_the_cpu_split() {
+        let dir = phase2::models_dir().join("fixtures/qwen25-yarn");
+        let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let weights = Weights::random(&c, 5);
+        let model = phase2::Model::from_weights(c.clone(), &weights).unwrap();
+        let tp = 2;
+        for rank in 0..tp {
+            let shard = Shard {
+                rank,
+                world_size: tp,
+            };
+            let part = shard.slice(&model);
+            let view = ShardSource::new(&weights, &c, shard);
+            let read = |name: &str| -> Vec<f32> {
+                let n: usize = view.shape(name).unwrap().iter().product();
+                let mut out = vec![bf16::ZERO; n];
+                view.read_bf16(name, 0, &mut out).unwrap();
+                out.iter().map(|x| x.to_f32()).collect()
+            };
+            let l = &part.layers[1];
+            let p = |s: &str| format!("model.layers.1.{s}");
+            let mut qkv = read(&p("self_attn.q_proj.weight"));
+            qkv.extend(read(&p("self_attn.k_proj.weight")));
+            qkv.extend(read(&p("self_attn.v_proj.weight")));
+            assert_eq!(qkv, l.qkv);
+            assert_eq!(read(&p("self_attn.o_proj.weight")), l.o_proj);
+            assert_eq!(read(&p("mlp.down_proj.weight")), l.down);
+            let embed = read("model.embed_tokens.weight");
+            let each = ShardSource::vocab_rows(&c, tp);
+            assert_eq!(embed.len(), each * c.hidden_size);
+            assert_eq!(embed[..part.embed.len()], part.embed[..]);
+            assert!(embed[part.embed.len()..].iter().all(|&x| x == 0.0));
+        }
+    }
+}

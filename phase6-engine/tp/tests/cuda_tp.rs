@@ -1,0 +1,195 @@
+//! Tensor parallelism on GPUs. One rank through NCCL gives the single-GPU runner's bits (its
+//! all-reduces and all-gather move the same values, and its kernels are the same), which checks
+//! the whole NCCL path, graphs included, on one GPU. With two GPUs or more, ranks give the
+//! single GPU's logits within bf16 rounding and its greedy tokens up to near-ties (see
+//! `phase6-cuda`'s tests for the rule). Without a GPU, without NCCL, or with too few GPUs, each
+//! test prints why it is skipped.
+
+use std::io::Write;
+use std::path::Path;
+
+use phase1::{BlockTable, KvPool};
+use phase2::{ForwardBatch, ForwardSeq, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir};
+use phase6_cuda::{CudaOptions, CudaRunner};
+use phase6_tp::check_split;
+use phase6_tp::cuda::{TpCudaRunner, nccl};
+
+fn skip(why: &str) {
+    let name = std::thread::current().name().unwrap_or("test").to_string();
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{name}: skipped: {why}\n").as_bytes());
+}
+
+/// GPUs here, or `None` (said on stderr) when the test cannot run.
+fn gpus_with_nccl(needed: usize) -> Option<usize> {
+    let n = match kernels::device_count() {
+        Ok(n) if n > 0 => n,
+        Ok(_) => {
+            skip("no CUDA device");
+            return None;
+        }
+        Err(e) => {
+            skip(&e.to_string());
+            return None;
+        }
+    };
+    if n < needed {
+        skip(&format!("{needed} GPUs needed, {n} here"));
+        return None;
+    }
+    if let Err(why) = nccl::ensure_loadable(false) {
+        skip(&why);
+        return None;
+    }
+    Some(n)
+}
+
+fn options(enforce_eager: bool) -> CudaOptions {
+    CudaOptions {
+        page_size: 16,
+        num_pages: Some(64),
+        max_num_batched_tokens: 1024,
+        max_num_seqs: 8,
+        enforce_eager,
+        ..CudaOptions::default()
+    }
+}
+
+fn load(name: &str) -> (ModelConfig, Weights) {
+    let dir = models_dir().join("fixtures").join(name);
+    let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    (config, Weights::open(Path::new(&dir)).unwrap())
+}
+
+/// A greedy run of `steps` tokens after `prompt`: every step's logits and the tokens.
+fn greedy(runner: &mut dyn ModelRunner, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut pool = KvPool::new(runner.num_pages(), runner.page_size()).unwrap();
+    let mut table = BlockTable::new();
+    let (mut logits, mut tokens) = (Vec::new(), Vec::new());
+    let mut input = prompt.to_vec();
+    let mut pos = 0;
+    for _ in 0..steps {
+        table.append_tokens(&mut pool, input.len()).unwrap();
+        let batch = ForwardBatch {
+            seqs: vec![ForwardSeq {
+                seq_id: 0,
+                tokens: input.clone(),
+                start_pos: pos,
+                kv: vec![table.clone()],
+                sample: Some(SampleSpec::greedy()),
+            }],
+        };
+        let row = runner.forward(&batch).unwrap().data;
+        let next = argmax(&row);
+        pos += input.len();
+        input = vec![next];
+        logits.push(row);
+        tokens.push(next);
+    }
+    (logits, tokens)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+const FIXTURES: [&str; 3] = ["qwen2-bias", "llama32-tied-llama3", "qwen3-yarn"];
+
+fn prompt(vocab: usize) -> Vec<u32> {
+    (0..40).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+#[test]
+fn one_rank_over_nccl_gives_the_single_gpu_bits() {
+    if gpus_with_nccl(1).is_none() {
+        return;
+    }
+    for name in FIXTURES {
+        let (config, weights) = load(name);
+        for eager in [true, false] {
+            let mut single = CudaRunner::new(&config, &weights, options(eager)).unwrap();
+            let mut ranks = TpCudaRunner::new(&config, &weights, options(eager), 1).unwrap();
+            let p = prompt(config.vocab_size);
+            let want = greedy(&mut single, &p, 12);
+            let got = greedy(&mut ranks, &p, 12);
+            assert_eq!(got.1, want.1, "{name} (eager {eager}): tokens");
+            for (step, (a, b)) in got.0.iter().zip(&want.0).enumerate() {
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name} (eager {eager}): logits of step {step} differ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_on_several_gpus_match_one() {
+    let Some(gpus) = gpus_with_nccl(2) else {
+        return;
+    };
+    for name in FIXTURES {
+        let (config, weights) = load(name);
+        let mut single = CudaRunner::new(&config, &weights, options(false)).unwrap();
+        let p = prompt(config.vocab_size);
+        let (want_logits, want_tokens) = greedy(&mut single, &p, 16);
+        drop(single);
+        for tp in [2, 4, 8].into_iter().filter(|&tp| tp <= gpus) {
+            if let Err(why) = check_split(&config, tp) {
+                skip(&format!("{name} at {tp} ranks: {why}"));
+                continue;
+            }
+            let mut ranks = TpCudaRunner::new(&config, &weights, options(false), tp).unwrap();
+            let (logits, tokens) = greedy(&mut ranks, &p, 16);
+            // The prefill's largest logit error sets how close two logits may be and still be
+            // ordered alike (as in the CUDA runner's tests).
+            let err = logits[0]
+                .iter()
+                .zip(&want_logits[0])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let scale = want_logits[0].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert!(
+                err <= 0.05 * scale.max(1.0),
+                "{name} tp {tp}: logit error {err}"
+            );
+            for (step, (a, b)) in tokens.iter().zip(&want_tokens).enumerate() {
+                let row = &want_logits[step];
+                let mut sorted = row.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                if sorted[0] - sorted[1] < 4.0 * err {
+                    break;
+                }
+                assert_eq!(a, b, "{name} tp {tp}: token {step}");
+            }
+        }
+    }
+}
+
+#[test]
+fn more_ranks_than_gpus_is_refused_before_anything_is_loaded() {
+    let n = match kernels::device_count() {
+        Ok(n) if n > 0 => n,
+        _ => return skip("no CUDA device"),
+    };
+    let (config, weights) = load("qwen3-hd64-mha-wide");
+    let tp = (n + 1).next_power_of_two().min(8);
+    if tp <= n {
+        return skip("8 GPUs here: no larger split to refuse");
+    }
+    let err = TpCudaRunner::new(&config, &weights, options(true), tp)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string()
+            .contains(&format!("needs {tp} GPUs, {n} found")),
+        "{err}"
+    );
+}
