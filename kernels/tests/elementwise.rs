@@ -58,7 +58,7 @@ fn embedding_and_gather_rows_copy_exactly() {
 fn vocabulary_slices_embed_and_join_like_the_whole() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(2);
-    let (vocab, hidden, ranks) = (1001, 64, 4);
+    let (vocab, hidden, ranks): (usize, usize, usize) = (1001, 64, 4);
     let each = vocab.div_ceil(ranks);
     let table = to_bf16(&rng.normals(vocab * hidden, 1.0));
     let ids: Vec<u32> = (0..29).map(|_| rng.below(vocab) as u32).collect();

@@ -210,7 +210,7 @@ impl Drop for TpCudaRunner {
 impl ModelRunner for TpCudaRunner {
     /// The K/V of one rank: what each GPU holds per token.
     fn kv_layout(&self) -> KvLayout {
-        self.kv_layout.clone()
+        self.kv_layout
     }
 
     fn num_pages(&self) -> usize {
