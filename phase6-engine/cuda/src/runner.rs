@@ -179,6 +179,7 @@ impl CudaRunner {
         load: impl FnOnce(&Gpu) -> Result<Box<dyn DeviceModel>, Error>,
     ) -> Result<Self, Error> {
         check_supported(config, &options)?;
+        let _turn = start_turn(options.device);
         let dims = Dims::new(config);
         let start = Instant::now();
         let mut gpu = Gpu::open(options.device).map_err(device_error)?;
@@ -382,6 +383,17 @@ impl CudaRunner {
         }
         Ok(any)
     }
+}
+
+/// Runners starting on the same device in one process take turns: while one captured its
+/// graphs, another one starting beside it made a cuBLAS call fail ("execution failed") in
+/// about one run in two of the GPU tests, with or without any change to the runner. Ranks on
+/// different devices still start together, as the NCCL group they join needs.
+fn start_turn(device: usize) -> std::sync::MutexGuard<'static, ()> {
+    static TURNS: [std::sync::Mutex<()>; 16] = [const { std::sync::Mutex::new(()) }; 16];
+    TURNS[device % TURNS.len()]
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Shapes the kernels cannot run are refused before anything is allocated.

@@ -63,6 +63,13 @@ impl TpCudaRunner {
             )));
         }
         nccl::ensure_loadable(false).map_err(Error::Device)?;
+        // One group starts at a time: each rank waits for its device's turn to start
+        // (`CudaRunner::with_model`), and two groups taking turns on two devices in opposite
+        // orders would each hold a device the other waits for.
+        static GROUP_START: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = GROUP_START
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let id = nccl::new_group_id().map_err(Error::Device)?;
         let each = ShardSource::vocab_rows(config, tp);
         let runners: Vec<Result<CudaRunner, Error>> = std::thread::scope(|s| {
