@@ -42,6 +42,10 @@ fn gpus_with_nccl(needed: usize) -> Option<usize> {
         skip(&why);
         return None;
     }
+    let version = nccl::version().unwrap_or_else(|e| e);
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{n} GPUs, NCCL {version}\n").as_bytes());
     Some(n)
 }
 

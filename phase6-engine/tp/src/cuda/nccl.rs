@@ -63,15 +63,19 @@ fn search_folders() -> Vec<PathBuf> {
 /// NCCL's library file: the one [`LIBRARY_ENV`] names, or the first `libnccl.so.2` (or
 /// `libnccl.so`) in [`search_folders`]. `Err` lists where it looked.
 pub fn find_library() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os(LIBRARY_ENV) {
-        let path = PathBuf::from(path);
+    let named = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
+    find_in(named, &search_folders())
+}
+
+/// [`find_library`] with the named file and the folders given.
+fn find_in(named: Option<PathBuf>, dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    if let Some(path) = named {
         return match path.is_file() {
             true => Ok(path),
             false => Err(format!("{LIBRARY_ENV}={} is not a file", path.display())),
         };
     }
-    let dirs = search_folders();
-    for dir in &dirs {
+    for dir in dirs {
         for name in ["libnccl.so", "libnccl.so.2"] {
             if dir.join(name).is_file() {
                 return Ok(dir.join(name));
@@ -130,6 +134,19 @@ pub fn ensure_loadable(restart: bool) -> Result<(), String> {
     Err(format!(
         "starting again with NCCL on the loader's path: {err}"
     ))
+}
+
+/// The version of the NCCL library loaded, as "2.27.7".
+pub fn version() -> Result<String, String> {
+    let mut v: std::ffi::c_int = 0;
+    // Safety: ncclGetVersion writes one int; the library is loaded by `culib` or it panics,
+    // so callers check `is_loadable` first.
+    let status = unsafe { cudarc::nccl::sys::ncclGetVersion(&mut v) };
+    if status != cudarc::nccl::sys::ncclResult_t::ncclSuccess {
+        return Err(format!("ncclGetVersion: {status:?}"));
+    }
+    // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+    Ok(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
 }
 
 /// A new group's identity, made once and handed to every rank.
@@ -200,5 +217,34 @@ fn nccl_error(op: &'static str, e: cudarc::nccl::result::NcclError) -> kernels::
     kernels::Error::Collective {
         op,
         message: format!("NCCL: {e:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_is_found_by_name_or_in_a_folder_and_otherwise_the_folders_are_said() {
+        let dir = std::env::temp_dir().join(format!("nccl-find-{}", std::process::id()));
+        let lib = dir.join("nvidia/nccl/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let file = lib.join("libnccl.so.2");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(find_in(Some(file.clone()), &[]).unwrap(), file);
+        let missing = dir.join("nothing.so");
+        assert!(
+            find_in(Some(missing), &[])
+                .unwrap_err()
+                .contains("is not a file")
+        );
+        let empty = dir.join("empty");
+        assert_eq!(find_in(None, &[empty.clone(), lib.clone()]).unwrap(), file);
+        let err = find_in(None, std::slice::from_ref(&empty)).unwrap_err();
+        assert!(
+            err.contains(&empty.display().to_string()) && err.contains(LIBRARY_ENV),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

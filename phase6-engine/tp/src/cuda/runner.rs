@@ -272,8 +272,9 @@ pub fn tp_cuda_runner(
     check_split(&model_config, tp).map_err(phase6::Error::InvalidConfig)?;
     let device = options.device;
     let runner = TpCudaRunner::new(&model_config, weights, options, tp)?;
+    let nccl = nccl::version().unwrap_or_else(|e| format!("(version unknown: {e})"));
     let report = format!(
-        "devices cuda:{device}..cuda:{}, tensor parallel over {tp} GPUs; each: {}",
+        "devices cuda:{device}..cuda:{}, tensor parallel over {tp} GPUs (NCCL {nccl}); each: {}",
         device + tp - 1,
         runner.memory_report()
     );
