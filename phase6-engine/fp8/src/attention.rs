@@ -1,11 +1,12 @@
-//! Chapter 6.6: attention that reads every key and value through the FP8 codec.
+//! Chapter 6.6: attention that reads keys and values as an FP8 cache gives them back.
 //!
 //! On a GPU the store kernel writes `encode(k / k_scale)` into a one-byte cache and attention
 //! dequantizes what it reads, the step's own new tokens included. The CPU reference gets the
-//! same numbers without a byte cache: before chapter 2's paged attention runs, every K/V
-//! element of the pages the batch reads is rounded through the codec with its layer's scale.
-//! Rounding is deterministic and rounding twice changes nothing, so this is exactly what
-//! reading a stored FP8 cache gives.
+//! same numbers without a byte cache. The runner keeps its `f32` store rounded: after each step
+//! it rounds what the step wrote ([`crate::Fp8CpuRunner`]). During the step, though, chapter 2
+//! has written the new K/V unrounded just before attention reads it, so attention reads a copy
+//! of the batch's pages in which the new tokens are rounded too. Rounding is deterministic and
+//! rounding twice changes nothing, so this is exactly what reading a stored FP8 cache gives.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -68,6 +69,20 @@ pub fn read_slot(
     (k, v)
 }
 
+/// Rounds one token's K and V (every head) in `slot` of layer `layer` through FP8, in place.
+pub fn round_slot(
+    store: &mut KvStore,
+    layer: usize,
+    d: usize,
+    slot: (u32, usize),
+    scales: KvScales,
+) {
+    let (mut k, mut v) = read_slot(store, layer, d, slot);
+    k.iter_mut().for_each(|x| *x = through_fp8(*x, scales.k_scale));
+    v.iter_mut().for_each(|x| *x = through_fp8(*x, scales.v_scale));
+    store.write(layer, slot.0, slot.1, &k, &v);
+}
+
 /// Scales from the K/V the step just wrote into layer `input.layer` (`amax / 448`).
 fn calibrate(input: &LayerAttention) -> KvScales {
     let (mut k_amax, mut v_amax) = (0.0f32, 0.0f32);
@@ -79,8 +94,9 @@ fn calibrate(input: &LayerAttention) -> KvScales {
     KvScales::from_amax(k_amax, v_amax)
 }
 
-/// The pages the batch reads in layer `input.layer`, every element rounded through FP8, as a
-/// one-layer store of just those pages, and the batch with its page ids renumbered into it.
+/// The pages the batch reads in layer `input.layer` as a one-layer store of just those pages,
+/// with the step's new K/V rounded through FP8 (the rest is rounded already), and the batch
+/// with its page ids renumbered into it.
 fn rounded_pages(input: &LayerAttention, scales: KvScales) -> (KvStore, ForwardBatch) {
     let (store, d) = (input.store, input.head_dim);
     let ps = store.page_size();
@@ -112,14 +128,14 @@ fn rounded_pages(input: &LayerAttention, scales: KvScales) -> (KvStore, ForwardB
     let mut rounded = KvStore::new(1, order.len(), ps, store.num_kv_heads(), d);
     for (new, &old) in order.iter().enumerate() {
         for offset in 0..ps {
-            let (mut k, mut v) = read_slot(store, input.layer, d, (old, offset));
-            k.iter_mut()
-                .for_each(|x| *x = through_fp8(*x, scales.k_scale));
-            v.iter_mut()
-                .for_each(|x| *x = through_fp8(*x, scales.v_scale));
+            let (k, v) = read_slot(store, input.layer, d, (old, offset));
             rounded.write(0, new as u32, offset, &k, &v);
         }
     }
+    let batch = ForwardBatch { seqs };
+    for slot in new_slots(&batch, ps) {
+        round_slot(&mut rounded, 0, d, slot, scales);
+    }
+    (rounded, batch)
     // END SOLUTION
-    (rounded, ForwardBatch { seqs })
 }

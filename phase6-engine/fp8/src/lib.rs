@@ -12,6 +12,7 @@ mod attention;
 pub mod e4m3;
 #[cfg(feature = "exercises")]
 pub mod exercises;
+pub mod measure;
 mod runner;
 pub mod scales;
 

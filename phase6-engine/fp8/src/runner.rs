@@ -13,8 +13,8 @@ use phase2::{CpuRunner, Error, ForwardBatch, Logits, Model, ModelConfig, ModelRu
 use phase6::{Config, Device, Runner, cpu_kv_pages, load_cpu_model};
 use phase6_chunks::{CascadeStats, ChunkRunner, copy_kv_rotated};
 
-use crate::attention::{Fp8Attention, new_slots, read_slot};
-use crate::scales::{KvScales, through_fp8};
+use crate::attention::{Fp8Attention, new_slots, round_slot};
+use crate::scales::KvScales;
 
 /// The CPU runner with an FP8 (E4M3) K/V cache and per-layer scales.
 pub struct Fp8CpuRunner {
@@ -72,13 +72,8 @@ impl Fp8CpuRunner {
                 .get()
                 .expect("every layer's attention has run, which sets its scales");
             let store = self.inner.store_mut();
-            for &(page, offset) in slots {
-                let (mut k, mut v) = read_slot(store, layer, d, (page, offset));
-                k.iter_mut()
-                    .for_each(|x| *x = through_fp8(*x, scales.k_scale));
-                v.iter_mut()
-                    .for_each(|x| *x = through_fp8(*x, scales.v_scale));
-                store.write(layer, page, offset, &k, &v);
+            for &slot in slots {
+                round_slot(store, layer, d, slot, scales);
             }
         }
     }
