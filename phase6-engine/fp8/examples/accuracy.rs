@@ -2,7 +2,8 @@
 //! f32 runner on the embedded model, the fixture models and random-weight configurations.
 //! Prints Markdown tables (the ones in book/ch06-6-fp8.md and BENCHMARKS.md):
 //!
-//! `cargo run -p phase6-fp8 --release --example accuracy`
+//! `cargo run -p phase6-fp8 --release --example accuracy` (about N minutes on 2 cores);
+//! `-- --quick` measures a few short prompts of the embedded model only (seconds).
 //!
 //! For each runner with FP8 K/V, scales 1.0 and scales calibrated from the first prefill:
 //! the relative error of the logits after a prompt, `‖fp8 − f32‖ / ‖f32‖`, and how many of
@@ -52,9 +53,7 @@ impl Row {
             let a = &self.agree[m];
             let agree_mean = a.iter().sum::<usize>() as f64 / a.len() as f64;
             let agree_min = a.iter().min().unwrap();
-            out += &format!(
-                " {mean:.1e} / {max:.1e} | {agree_mean:.1} / {agree_min} |"
-            );
+            out += &format!(" {mean:.1e} / {max:.1e} | {agree_mean:.1} / {agree_min} |");
         }
         out
     }
@@ -97,16 +96,22 @@ fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<TokenId> {
         .collect()
 }
 
-fn embedded(held_out: &[TokenId]) -> Result<()> {
+fn embedded(held_out: &[TokenId], lens: &[usize]) -> Result<()> {
     let dir = phase2::default_model_dir();
     let model = Model::load(&dir)?;
     header("embedded model");
-    for len in [16, 128, 512, 1984] {
+    for &len in lens {
         let starts = [0, 5000, 10000, 20000];
-        let prompts: Vec<Vec<TokenId>> =
-            starts.iter().map(|&s| held_out[s..s + len].to_vec()).collect();
+        let prompts: Vec<Vec<TokenId>> = starts
+            .iter()
+            .map(|&s| held_out[s..s + len].to_vec())
+            .collect();
         let row = compare(&model, &prompts)?;
-        println!("| tiny-shakespeare | {len} | {} |{}", prompts.len(), row.cells());
+        println!(
+            "| tiny-shakespeare | {len} | {} |{}",
+            prompts.len(),
+            row.cells()
+        );
     }
     println!();
     Ok(())
@@ -158,11 +163,15 @@ fn random_weights() -> Result<()> {
     Ok(())
 }
 
-fn held_out_perplexity(held_out: &[TokenId]) -> Result<()> {
+fn held_out_perplexity(held_out: &[TokenId], windows: usize) -> Result<()> {
     let model = Model::load(&phase2::default_model_dir())?;
-    let windows: Vec<&[TokenId]> = held_out.chunks_exact(WINDOW).collect();
+    let windows: Vec<&[TokenId]> = held_out.chunks_exact(WINDOW).take(windows).collect();
     let pages = windows.len() * WINDOW.div_ceil(PAGE);
-    let names = ["f32 K/V", "FP8 K/V, scales 1.0", "FP8 K/V, calibrated scales"];
+    let names = [
+        "f32 K/V",
+        "FP8 K/V, scales 1.0",
+        "FP8 K/V, calibrated scales",
+    ];
     println!(
         "| embedded model, held-out text ({} windows of {WINDOW} tokens) | perplexity |",
         windows.len()
@@ -177,7 +186,9 @@ fn held_out_perplexity(held_out: &[TokenId]) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tinyshakespeare.txt");
+    let quick = std::env::args().any(|a| a == "--quick");
+    let corpus =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tinyshakespeare.txt");
     let text = std::fs::read_to_string(&corpus)
         .map_err(|e| format!("{}: {e} (the tiny Shakespeare corpus)", corpus.display()))?;
     let tokenizer = Tokenizer::from_dir(&phase2::default_model_dir())?;
@@ -190,13 +201,17 @@ fn main() -> Result<()> {
         held_out.len()
     );
     let start = Instant::now();
-    embedded(held_out)?;
+    if quick {
+        embedded(held_out, &[16, 64])?;
+        return held_out_perplexity(held_out, 2);
+    }
+    embedded(held_out, &[16, 128, 512, 1984])?;
     eprintln!("embedded: {:.0} s", start.elapsed().as_secs_f64());
     fixtures()?;
     eprintln!("fixtures: {:.0} s", start.elapsed().as_secs_f64());
     random_weights()?;
     eprintln!("random weights: {:.0} s", start.elapsed().as_secs_f64());
-    held_out_perplexity(held_out)?;
+    held_out_perplexity(held_out, usize::MAX)?;
     eprintln!("perplexity: {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
 }

@@ -78,8 +78,10 @@ pub fn round_slot(
     scales: KvScales,
 ) {
     let (mut k, mut v) = read_slot(store, layer, d, slot);
-    k.iter_mut().for_each(|x| *x = through_fp8(*x, scales.k_scale));
-    v.iter_mut().for_each(|x| *x = through_fp8(*x, scales.v_scale));
+    k.iter_mut()
+        .for_each(|x| *x = through_fp8(*x, scales.k_scale));
+    v.iter_mut()
+        .for_each(|x| *x = through_fp8(*x, scales.v_scale));
     store.write(layer, slot.0, slot.1, &k, &v);
 }
 
