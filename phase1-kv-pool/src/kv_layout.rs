@@ -80,7 +80,7 @@ mod tests {
             dtype: KvDtype::Fp8E4m3,
         };
         assert_eq!(fp8.bytes_per_token(), 57_344);
-        assert_eq!(fp8.pages_in_budget(10 << 30, 256), 730);
+        assert_eq!(fp8.pages_in_budget(10 << 30, 256), 731);
     }
 
     #[test]

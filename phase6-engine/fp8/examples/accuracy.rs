@@ -128,7 +128,13 @@ fn fixtures() -> Result<()> {
     for file in files {
         let fixture = Fixture::read(&file)?;
         let model = Model::load(&models_dir().join(&fixture.model_dir))?;
-        let prompts: Vec<Vec<TokenId>> = fixture.cases.iter().map(|c| c.prompt.clone()).collect();
+        // Room for the greedy tokens within the model's positions.
+        let room = model.config.max_position_embeddings - GREEDY;
+        let prompts: Vec<Vec<TokenId>> = fixture
+            .cases
+            .iter()
+            .map(|c| c.prompt[..c.prompt.len().min(room)].to_vec())
+            .collect();
         let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
         let row = compare(&model, &prompts)?;
         let name = file.file_stem().unwrap().to_string_lossy();
@@ -146,7 +152,7 @@ fn fixtures() -> Result<()> {
 
 fn random_weights() -> Result<()> {
     header("random weights");
-    for (file, layers) in [("qwen3-0.6b.json", 2), ("llama-3.2-1b.json", 2)] {
+    for (file, layers) in [("qwen3-0.6b.json", 2)] {
         let path = models_dir().join("../configs").join(file);
         let mut config = ModelConfig::from_file(&path)?;
         config.num_layers = layers;
