@@ -6,23 +6,11 @@ use phase6_fp8::e4m3::{MAX, NAN, decode, encode};
 use phase6_fp8::scales::{KvScales, through_fp8};
 use proptest::prelude::*;
 
-/// The code a correct encoder gives, by search: the nearest finite value (of `x`'s sign for a
-/// zero), the even code on a tie; beyond 448 the largest finite value.
+mod common;
+
+/// The code a correct encoder gives: beyond 448 the largest finite value, else the nearest.
 fn nearest(x: f32) -> u8 {
-    let x = x.clamp(-MAX, MAX);
-    let mut best: Option<(f32, u8)> = None;
-    for code in 0..=255u8 {
-        let v = decode(code);
-        if v.is_nan() || (v == 0.0 && v.is_sign_negative() != x.is_sign_negative()) {
-            continue;
-        }
-        let err = (v - x).abs();
-        best = match best {
-            Some((e, c)) if e < err || (e == err && c % 2 == 0) => Some((e, c)),
-            _ => Some((err, code)),
-        };
-    }
-    best.unwrap().1
+    common::nearest(x.clamp(-MAX, MAX), decode)
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The chapter 6.6 exercise (`src/exercises/`):
 //! `cargo test -p phase6-fp8 --features exercises --test exercises`.
 
+mod common;
+
 mod e5m2 {
     use half::f16;
     use phase6_fp8::exercises::e5m2::encode_e5m2;
@@ -11,22 +13,8 @@ mod e5m2 {
         f16::from_bits(u16::from(code) << 8).to_f32()
     }
 
-    /// The code a correct encoder gives, by search: the nearest finite value, the even code
-    /// on a tie.
     fn nearest(x: f32) -> u8 {
-        let mut best: Option<(f32, u8)> = None;
-        for code in 0..=255u8 {
-            let v = decode(code);
-            if !v.is_finite() || (v == 0.0 && v.is_sign_negative() != x.is_sign_negative()) {
-                continue;
-            }
-            let err = (v - x).abs();
-            best = match best {
-                Some((e, c)) if e < err || (e == err && c % 2 == 0) => Some((e, c)),
-                _ => Some((err, code)),
-            };
-        }
-        best.unwrap().1
+        crate::common::nearest(x, decode)
     }
 
     #[test]
