@@ -10,6 +10,8 @@ pub enum KvDtype {
     F32,
     F16,
     BF16,
+    /// One byte: 8-bit floats (e4m3) with a scale per layer, as vLLM's `kv_cache_dtype="fp8"`.
+    Fp8E4m3,
 }
 
 impl KvDtype {
@@ -17,6 +19,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 | KvDtype::BF16 => 2,
+            KvDtype::Fp8E4m3 => 1,
         }
     }
 }
@@ -66,6 +69,18 @@ mod tests {
         assert_eq!(layout.page_bytes(256), 29_360_128);
         // 10 GiB holds 365 pages of 256 tokens: about 93k tokens.
         assert_eq!(layout.pages_in_budget(10 << 30, 256), 365);
+    }
+
+    #[test]
+    fn one_byte_elements_halve_the_bf16_cost() {
+        let fp8 = KvLayout {
+            num_layers: 28,
+            num_kv_heads: 8,
+            head_dim: 128,
+            dtype: KvDtype::Fp8E4m3,
+        };
+        assert_eq!(fp8.bytes_per_token(), 57_344);
+        assert_eq!(fp8.pages_in_budget(10 << 30, 256), 731);
     }
 
     #[test]

@@ -46,6 +46,40 @@ impl fmt::Display for Device {
     }
 }
 
+/// The number type of the stored K/V (vLLM's `kv_cache_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// The runner's own: f32 on the CPU, bf16 on a GPU.
+    #[default]
+    Auto,
+    /// One byte an element: 8-bit floats (E4M3) with a K and a V scale per layer, chapter 6.6.
+    Fp8E4m3,
+}
+
+impl FromStr for KvCacheDtype {
+    type Err = Error;
+
+    /// vLLM's names: `auto`, and `fp8` or `fp8_e4m3` for E4M3.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "auto" => Ok(KvCacheDtype::Auto),
+            "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
+            _ => Err(Error::InvalidConfig(format!(
+                "kv_cache_dtype {s:?}: expected auto, fp8 or fp8_e4m3"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for KvCacheDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+        })
+    }
+}
+
 /// Engine settings. `Config::default()` is the reference configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -71,6 +105,8 @@ pub struct Config {
     pub device: Device,
     /// KV memory on the CPU when `num_kvcache_blocks` is -1.
     pub cpu_kv_cache_bytes: usize,
+    /// How K/V is stored: `Auto`, or FP8 (the CPU reference runner of chapter 6.6).
+    pub kv_cache_dtype: KvCacheDtype,
     /// Most prompt tokens a request gets per step; `None` prefills prompts whole.
     pub chunked_prefill_size: Option<usize>,
     /// Reuse the K/V of earlier requests' prefixes (radix cache).
@@ -93,6 +129,7 @@ impl Default for Config {
             num_kvcache_blocks: -1,
             device: Device::Auto,
             cpu_kv_cache_bytes: 1 << 30,
+            kv_cache_dtype: KvCacheDtype::Auto,
             chunked_prefill_size: Some(2048),
             enable_prefix_caching: true,
             seed: None,
@@ -282,5 +319,20 @@ mod tests {
         assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
         assert!("tpu".parse::<Device>().is_err());
         assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
+    fn kv_cache_dtypes_parse_by_vllms_names() {
+        assert_eq!(Config::default().kv_cache_dtype, KvCacheDtype::Auto);
+        for name in ["fp8", "fp8_e4m3"] {
+            assert_eq!(name.parse::<KvCacheDtype>().unwrap(), KvCacheDtype::Fp8E4m3);
+        }
+        assert_eq!("auto".parse::<KvCacheDtype>().unwrap(), KvCacheDtype::Auto);
+        assert_eq!(KvCacheDtype::Fp8E4m3.to_string(), "fp8_e4m3");
+        let err = "fp8_e5m2".parse::<KvCacheDtype>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config: kv_cache_dtype \"fp8_e5m2\": expected auto, fp8 or fp8_e4m3"
+        );
     }
 }

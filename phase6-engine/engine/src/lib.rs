@@ -16,7 +16,7 @@ mod prompt;
 mod runner;
 mod stream;
 
-pub use config::{Config, Device};
+pub use config::{Config, Device, KvCacheDtype};
 pub use driver::{OneStepAtATime, StepDriver};
 pub use error::Error;
 pub use llm::{LLM, StepResult};

@@ -17,7 +17,7 @@ use phase0::{SamplingParams, SeqId, TokenId};
 use phase2::{ChatMessage, GenerationConfig, ModelConfig, ModelRunner, Tokenizer, Weights};
 use phase5::{Batching, Engine, FinishedRequest, SchedulerConfig, StepOutput, StreamEvent};
 
-use crate::config::{Config, Device};
+use crate::config::{Config, Device, KvCacheDtype};
 use crate::driver::{OneStepAtATime, StepDriver};
 use crate::error::Error;
 use crate::prompt::{Output, ParamsList, Prompt};
@@ -73,6 +73,13 @@ impl LLM {
                 "tensor_parallel_size = {}: LLM::new runs one CPU runner; a tensor-parallel \
                  runner is started with LLM::from_runner",
                 config.tensor_parallel_size
+            )));
+        }
+        if config.kv_cache_dtype != KvCacheDtype::Auto {
+            return Err(Error::InvalidConfig(format!(
+                "kv_cache_dtype = {}: LLM::new runs the f32 CPU runner; the FP8 runner is \
+                 started with LLM::from_runner",
+                config.kv_cache_dtype
             )));
         }
         if let Device::Cuda(n) = config.device {

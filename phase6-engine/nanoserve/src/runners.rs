@@ -1,11 +1,13 @@
 //! Picking the runner: the CPU chunk runner, the tensor-parallel CPU runner when the config asks
-//! for more than one rank, or the CUDA runner when this build has the `cuda` feature and the
-//! config asks for a GPU (or `auto` finds one), with overlap scheduling; with more than one rank
-//! on GPUs, the tensor-parallel CUDA runner (one GPU per rank, steps not overlapped).
+//! for more than one rank, the FP8 CPU runner when it asks for an FP8 K/V cache, or the CUDA
+//! runner when this build has the `cuda` feature and the config asks for a GPU (or `auto` finds
+//! one), with overlap scheduling; with more than one rank on GPUs, the tensor-parallel CUDA
+//! runner (one GPU per rank, steps not overlapped).
 
 use phase2::{ModelConfig, Tokenizer, Weights};
-use phase6::{Config, Device, Error, LLM, Runner};
+use phase6::{Config, Device, Error, KvCacheDtype, LLM, Runner};
 use phase6_chunks::{ChunkLLM, ChunkRunner, chunk_cpu_runner};
+use phase6_fp8::fp8_cpu_runner;
 use phase6_tp::tp_cpu_runner;
 
 /// The runner the config asks for.
@@ -14,6 +16,9 @@ pub fn build_runner(
     weights: &Weights,
     config: &Config,
 ) -> Result<Runner<dyn ChunkRunner>, Error> {
+    if config.kv_cache_dtype == KvCacheDtype::Fp8E4m3 {
+        return fp8_runner(model_config, weights, config);
+    }
     if config.tensor_parallel_size > 1 {
         return match config.device {
             Device::Cpu => tp_cpu_runner(model_config, weights, config),
@@ -33,6 +38,31 @@ pub fn build_runner(
             Err(e) => Err(e),
         },
         Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
+    }
+}
+
+/// The FP8 K/V cache runs on the CPU runner of chapter 6.6 only: one rank, and not yet on a
+/// GPU (a CUDA build's `auto` could pick one, so it must say `cpu`).
+fn fp8_runner(
+    model_config: ModelConfig,
+    weights: &Weights,
+    config: &Config,
+) -> Result<Runner<dyn ChunkRunner>, Error> {
+    let dtype = config.kv_cache_dtype;
+    if config.tensor_parallel_size > 1 {
+        return Err(Error::InvalidConfig(format!(
+            "kv_cache_dtype {dtype} with tensor_parallel_size = {}: the FP8 runner runs one \
+             rank; ask for one or the other",
+            config.tensor_parallel_size
+        )));
+    }
+    match config.device {
+        Device::Cpu => fp8_cpu_runner(model_config, weights, config),
+        Device::Auto if !cfg!(feature = "cuda") => fp8_cpu_runner(model_config, weights, config),
+        Device::Auto | Device::Cuda(_) => Err(Error::InvalidConfig(format!(
+            "kv_cache_dtype {dtype} is not yet supported by the CUDA runner (--device cpu runs \
+             the CPU reference)"
+        ))),
     }
 }
 

@@ -79,6 +79,32 @@ fn bad_command_lines_are_refused_with_a_reason() {
     let cli = Cli::try_parse_from(["nanoserve", "generate", "x", "--device", "tpu"]).unwrap();
     let err = nanoserve::cli::run(cli).unwrap_err().to_string();
     assert!(err.contains("device \"tpu\""), "{err}");
+    // An FP8 K/V cache: vLLM's names only, on the CPU runner, one rank.
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["nanoserve", "generate", "x"];
+        args.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(args).unwrap();
+        nanoserve::cli::run(cli).unwrap_err().to_string()
+    };
+    let err = refused(&["--kv-cache-dtype", "fp8_e5m2"]);
+    assert!(
+        err.contains("kv_cache_dtype \"fp8_e5m2\": expected auto, fp8 or fp8_e4m3"),
+        "{err}"
+    );
+    let err = refused(&["--kv-cache-dtype", "fp8", "--device", "cuda"]);
+    assert!(
+        err.contains("kv_cache_dtype fp8_e4m3 is not yet supported by the CUDA runner"),
+        "{err}"
+    );
+    let err = refused(&[
+        "--kv-cache-dtype",
+        "fp8",
+        "--device",
+        "cpu",
+        "--tensor-parallel-size",
+        "2",
+    ]);
+    assert!(err.contains("with tensor_parallel_size = 2"), "{err}");
     // What the model needs of the config is refused before any weight is made or read.
     let config = phase6::models_dir().join("../configs/mistral-7b-v0.1.json");
     let cli = Cli::try_parse_from([

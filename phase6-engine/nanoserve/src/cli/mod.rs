@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use phase2::{GenerationConfig, ModelConfig, Tokenizer, Weights};
 
 use phase6::Error;
-use phase6::{Config, Device};
+use phase6::{Config, Device, KvCacheDtype};
 use phase6_chunks::ChunkLLM;
 
 use crate::runners::start_llm;
@@ -85,6 +85,10 @@ pub struct ModelArgs {
     /// KV memory on the CPU, in MiB
     #[arg(long, default_value_t = 1024)]
     pub cpu_kv_cache_mib: usize,
+    /// How K/V is stored: auto (f32 on the CPU, bf16 on a GPU), or fp8 / fp8_e4m3 (8-bit
+    /// floats with per-layer scales; the CPU runner only so far)
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
     /// Most prompt tokens per request per step (0: whole prompts)
     #[arg(long, default_value_t = 2048)]
     pub chunked_prefill_size: usize,
@@ -116,6 +120,7 @@ impl ModelArgs {
             num_kvcache_blocks: self.num_kvcache_blocks,
             device: self.device.parse::<Device>()?,
             cpu_kv_cache_bytes: self.cpu_kv_cache_mib << 20,
+            kv_cache_dtype: self.kv_cache_dtype.parse::<KvCacheDtype>()?,
             chunked_prefill_size: (self.chunked_prefill_size > 0)
                 .then_some(self.chunked_prefill_size),
             enable_prefix_caching: !self.no_prefix_caching,
