@@ -13,7 +13,7 @@ use half::bf16;
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
-use crate::paged::AttentionInputs;
+use crate::paged::{AttentionInputs, CacheRead};
 use crate::source::Source;
 
 const K: &str = "decode_attention";
@@ -38,9 +38,9 @@ pub struct DecodeWorkspace {
     o: CudaSlice<f32>,
     lse: CudaSlice<f32>,
     blocks: usize,
-    /// The grid of the last call, by (head_dim, group): asking the driver for occupancy every
+    /// The grid of the last call, by (head_dim, group, FP8 cache): asking the driver for occupancy every
     /// call would cost the host a few microseconds a layer.
-    grid: Option<((usize, usize), usize)>,
+    grid: Option<((usize, usize, bool), usize)>,
 }
 
 impl DecodeWorkspace {
@@ -65,15 +65,16 @@ impl DecodeWorkspace {
 /// `q: bf16[num_seqs, num_q_heads, head_dim]` (one token per sequence of the page table)
 /// attends to all of its sequence's KV. `out: bf16[num_seqs, num_q_heads, head_dim]`, `lse:
 /// f32[num_seqs, num_q_heads]` if given. The page table must carry its `slot_indptr`.
-pub fn decode_attention(
+pub fn decode_attention<C: CacheRead>(
     gpu: &Gpu,
-    inputs: &AttentionInputs<'_>,
+    inputs: &AttentionInputs<'_, C>,
     workspace: &mut DecodeWorkspace,
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
     // BEGIN SOLUTION
     let shift = inputs.check(K, gpu)?;
+    let (k_scale, v_scale, fp8) = inputs.scales(K)?;
     let (hq, d) = (inputs.num_q_heads, inputs.cache.head_dim);
     let num_seqs = inputs.table.num_seqs();
     let rows = num_seqs * hq;
@@ -102,12 +103,12 @@ pub fn decode_attention(
     let out_ptr = gpu.ptr_mut(out);
     check::aligned(K, "output", out_ptr)?;
     let gh = heads_per_block(inputs.group());
-    let f = gpu.function(Source::DecodeAttention, kernel_name(d, gh))?;
-    let key = (d, inputs.group());
+    let f = gpu.function(Source::DecodeAttention, kernel_name(d, gh, fp8))?;
+    let key = (d, inputs.group(), fp8);
     let blocks = match workspace.grid {
         Some((k, blocks)) if k == key => blocks,
         _ => {
-            let blocks = blocks(gpu, d, inputs.group())?.min(workspace.blocks);
+            let blocks = kernel_blocks(gpu, d, inputs.group(), fp8)?.min(workspace.blocks);
             workspace.grid = Some((key, blocks));
             blocks
         }
@@ -118,8 +119,8 @@ pub fn decode_attention(
     );
     let ptrs = [
         gpu.ptr(&inputs.q),
-        gpu.ptr(&inputs.k_cache),
-        gpu.ptr(&inputs.v_cache),
+        inputs.k_cache.address(gpu),
+        inputs.v_cache.address(gpu),
         gpu.ptr(&inputs.table.indptr),
         gpu.ptr(&inputs.table.page_ids),
         gpu.ptr(&inputs.table.page_lens),
@@ -145,7 +146,11 @@ pub fn decode_attention(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&inputs.sm_scale).arg(&min_range);
+    launch
+        .arg(&inputs.sm_scale)
+        .arg(&min_range)
+        .arg(&k_scale)
+        .arg(&v_scale);
     unsafe { launch.launch(grid((blocks as u32, 1, 1), THREADS)) }.during(K)?;
 
     // The rows of sequences that blocks shared, from their pieces.
@@ -172,12 +177,16 @@ pub fn decode_attention(
     // END SOLUTION
 }
 
-/// The blocks a decode call launches at `head_dim` and GQA group size `group`: as many as fit
-/// on the GPU at once, so that they all start together (one wave).
+/// The blocks a decode call launches at `head_dim` and GQA group size `group` over a bf16
+/// cache: as many as fit on the GPU at once, so that they all start together (one wave).
 pub fn blocks(gpu: &Gpu, head_dim: usize, group: usize) -> Result<usize> {
+    kernel_blocks(gpu, head_dim, group, false)
+}
+
+fn kernel_blocks(gpu: &Gpu, head_dim: usize, group: usize, fp8: bool) -> Result<usize> {
     let f = gpu.function(
         Source::DecodeAttention,
-        kernel_name(head_dim, heads_per_block(group)),
+        kernel_name(head_dim, heads_per_block(group), fp8),
     )?;
     let per_sm = f
         .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
@@ -193,19 +202,57 @@ fn heads_per_block(group: usize) -> usize {
         .expect("1 divides everything")
 }
 
-fn kernel_name(d: usize, gh: usize) -> &'static str {
-    match (d, gh) {
-        (32, 1) => "decode_attention_d32_g1",
-        (32, 2) => "decode_attention_d32_g2",
-        (32, 4) => "decode_attention_d32_g4",
-        (32, _) => "decode_attention_d32_g8",
-        (64, 1) => "decode_attention_d64_g1",
-        (64, 2) => "decode_attention_d64_g2",
-        (64, 4) => "decode_attention_d64_g4",
-        (64, _) => "decode_attention_d64_g8",
-        (_, 1) => "decode_attention_d128_g1",
-        (_, 2) => "decode_attention_d128_g2",
-        (_, 4) => "decode_attention_d128_g4",
-        _ => "decode_attention_d128_g8",
-    }
+fn kernel_name(d: usize, gh: usize, fp8: bool) -> &'static str {
+    const BF16: [[&str; 4]; 3] = [
+        [
+            "decode_attention_d32_g1",
+            "decode_attention_d32_g2",
+            "decode_attention_d32_g4",
+            "decode_attention_d32_g8",
+        ],
+        [
+            "decode_attention_d64_g1",
+            "decode_attention_d64_g2",
+            "decode_attention_d64_g4",
+            "decode_attention_d64_g8",
+        ],
+        [
+            "decode_attention_d128_g1",
+            "decode_attention_d128_g2",
+            "decode_attention_d128_g4",
+            "decode_attention_d128_g8",
+        ],
+    ];
+    const FP8: [[&str; 4]; 3] = [
+        [
+            "decode_attention_fp8_d32_g1",
+            "decode_attention_fp8_d32_g2",
+            "decode_attention_fp8_d32_g4",
+            "decode_attention_fp8_d32_g8",
+        ],
+        [
+            "decode_attention_fp8_d64_g1",
+            "decode_attention_fp8_d64_g2",
+            "decode_attention_fp8_d64_g4",
+            "decode_attention_fp8_d64_g8",
+        ],
+        [
+            "decode_attention_fp8_d128_g1",
+            "decode_attention_fp8_d128_g2",
+            "decode_attention_fp8_d128_g4",
+            "decode_attention_fp8_d128_g8",
+        ],
+    ];
+    let row = match d {
+        32 => 0,
+        64 => 1,
+        _ => 2,
+    };
+    let col = match gh {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => 3,
+    };
+    if fp8 { FP8[row][col] } else { BF16[row][col] }
 }

@@ -1,9 +1,11 @@
 //! The paged KV cache as the attention kernels see it: the cache's shape, and the page table
 //! that says where each sequence's tokens are.
 //!
-//! A layer's cache is two bf16 buffers, K and V, each `[num_pages][num_kv_heads][page_size]
+//! A layer's cache is two buffers, K and V, each `[num_pages][num_kv_heads][page_size]
 //! [head_dim]` ("HND", as in the CPU store): inside a page, one head's tokens are contiguous rows,
-//! so a kernel streams a page of one head as one block of memory.
+//! so a kernel streams a page of one head as one block of memory. Elements are bf16, or FP8
+//! E4M3 codes with a scale per buffer ([`Fp8Cache`]; vLLM's `kv_cache_dtype="fp8"`): half the
+//! bytes, turned back into numbers in registers as the kernels read them.
 //!
 //! A sequence's KV is a list of *page entries* (FlashInfer's layout, plus a length per entry):
 //! `page_ids[indptr[s]..indptr[s+1]]` with `page_lens` of valid tokens for each entry. The
@@ -11,12 +13,118 @@
 //! that end in a partly filled page (a 50-token system prompt in 16-token pages) are entries
 //! with a short length, so a sequence can be several segments without copying anything.
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::check;
 use crate::device::Gpu;
 use crate::error::Result;
+
+/// One layer's K (or V) buffer as a kernel reads it: bf16 elements (any bf16 buffer), or an
+/// [`Fp8Cache`].
+pub trait CacheRead {
+    /// Elements (one per byte for FP8).
+    fn elements(&self) -> usize;
+    /// The device address, for a launch.
+    fn address(&self, gpu: &Gpu) -> u64;
+    /// The scale of FP8 codes; `None` for bf16.
+    fn fp8_scale(&self) -> Option<f32>;
+}
+
+impl<T: DevicePtr<bf16>> CacheRead for T {
+    fn elements(&self) -> usize {
+        self.len()
+    }
+
+    fn address(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(self)
+    }
+
+    fn fp8_scale(&self) -> Option<f32> {
+        None
+    }
+}
+
+/// FP8 E4M3 codes (the "fn" variant: saturating at ±448, no infinities), each element read as
+/// `code * scale`; stored as `round(value / scale)`.
+#[derive(Debug)]
+pub struct Fp8Cache<'a> {
+    pub codes: CudaView<'a, u8>,
+    pub scale: f32,
+}
+
+impl CacheRead for Fp8Cache<'_> {
+    fn elements(&self) -> usize {
+        self.codes.len()
+    }
+
+    fn address(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(&self.codes)
+    }
+
+    fn fp8_scale(&self) -> Option<f32> {
+        Some(self.scale)
+    }
+}
+
+/// One layer's K (or V) buffer as a kernel writes it (see [`CacheRead`]).
+pub trait CacheWrite {
+    fn elements(&self) -> usize;
+    fn address_mut(&mut self, gpu: &Gpu) -> u64;
+    fn fp8_scale(&self) -> Option<f32>;
+}
+
+impl<T: DevicePtrMut<bf16>> CacheWrite for T {
+    fn elements(&self) -> usize {
+        self.len()
+    }
+
+    fn address_mut(&mut self, gpu: &Gpu) -> u64 {
+        gpu.ptr_mut(self)
+    }
+
+    fn fp8_scale(&self) -> Option<f32> {
+        None
+    }
+}
+
+/// [`Fp8Cache`], writable.
+#[derive(Debug)]
+pub struct Fp8CacheMut<'a> {
+    pub codes: CudaViewMut<'a, u8>,
+    pub scale: f32,
+}
+
+impl CacheWrite for Fp8CacheMut<'_> {
+    fn elements(&self) -> usize {
+        self.codes.len()
+    }
+
+    fn address_mut(&mut self, gpu: &Gpu) -> u64 {
+        gpu.ptr_mut(&mut self.codes)
+    }
+
+    fn fp8_scale(&self) -> Option<f32> {
+        Some(self.scale)
+    }
+}
+
+/// The FP8 kernels' scales of a K and a V buffer: `(k_scale, v_scale, fp8)`; 1 for bf16. The
+/// two buffers must hold the same kind.
+pub(crate) fn cache_scales(
+    kernel: &'static str,
+    k: Option<f32>,
+    v: Option<f32>,
+) -> Result<(f32, f32, bool)> {
+    match (k, v) {
+        (None, None) => Ok((1.0, 1.0, false)),
+        (Some(k), Some(v)) if k > 0.0 && v > 0.0 && k.is_finite() && v.is_finite() => {
+            Ok((k, v, true))
+        }
+        (Some(_), Some(_)) => Err(check::invalid(kernel, "FP8 scales must be positive")),
+        _ => Err(check::invalid(kernel, "K and V caches of different kinds")),
+    }
+}
 
 /// The shape of one layer's K (or V) buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,13 +315,14 @@ pub fn seq_slots(page_lens: &[i32], page_size: usize) -> usize {
     slots.next_multiple_of(32)
 }
 
-/// What both attention kernels read: queries, one layer's cache, and the page table.
+/// What both attention kernels read: queries, one layer's cache (bf16, or [`Fp8Cache`]), and
+/// the page table.
 #[derive(Debug)]
-pub struct AttentionInputs<'a> {
+pub struct AttentionInputs<'a, C: CacheRead = CudaView<'a, bf16>> {
     /// `bf16[rows, num_q_heads, head_dim]`: one row per query token.
     pub q: CudaView<'a, bf16>,
-    pub k_cache: CudaView<'a, bf16>,
-    pub v_cache: CudaView<'a, bf16>,
+    pub k_cache: C,
+    pub v_cache: C,
     pub cache: CacheShape,
     pub table: PageTable<'a>,
     pub num_q_heads: usize,
@@ -221,16 +330,21 @@ pub struct AttentionInputs<'a> {
     pub sm_scale: f32,
 }
 
-impl AttentionInputs<'_> {
+impl<C: CacheRead> AttentionInputs<'_, C> {
     /// Query heads per KV head (GQA group size).
     pub fn group(&self) -> usize {
         self.num_q_heads / self.cache.num_kv_heads
     }
 
+    /// `(k_scale, v_scale, fp8)` for the kernels.
+    pub(crate) fn scales(&self, kernel: &'static str) -> Result<(f32, f32, bool)> {
+        cache_scales(kernel, self.k_cache.fp8_scale(), self.v_cache.fp8_scale())
+    }
+
     /// Checks everything but the number of query rows; returns log2(page_size).
     pub(crate) fn check(&self, kernel: &'static str, gpu: &Gpu) -> Result<i32> {
         self.cache
-            .check(kernel, self.k_cache.len(), self.v_cache.len())?;
+            .check(kernel, self.k_cache.elements(), self.v_cache.elements())?;
         let shift = self.cache.page_shift(kernel)?;
         self.table.check(kernel)?;
         if self.num_q_heads == 0 || !self.num_q_heads.is_multiple_of(self.cache.num_kv_heads) {
@@ -243,8 +357,8 @@ impl AttentionInputs<'_> {
             ));
         }
         check::aligned(kernel, "q", gpu.ptr(&self.q))?;
-        check::aligned(kernel, "K cache", gpu.ptr(&self.k_cache))?;
-        check::aligned(kernel, "V cache", gpu.ptr(&self.v_cache))?;
+        check::aligned(kernel, "K cache", self.k_cache.address(gpu))?;
+        check::aligned(kernel, "V cache", self.v_cache.address(gpu))?;
         Ok(shift)
     }
 }

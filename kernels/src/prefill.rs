@@ -11,7 +11,7 @@ use half::bf16;
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
-use crate::paged::AttentionInputs;
+use crate::paged::{AttentionInputs, CacheRead};
 use crate::source::Source;
 
 /// Which rows of `q` belong to which sequence.
@@ -32,9 +32,9 @@ const BLOCK_ROWS: usize = 64;
 /// K/V must already be in the cache); without, every query sees all of the KV.
 /// `out: bf16[rows, num_q_heads, head_dim]`; `lse: f32[rows, num_q_heads]` (natural log) if
 /// given.
-pub fn prefill_attention(
+pub fn prefill_attention<C: CacheRead>(
     gpu: &Gpu,
-    inputs: &AttentionInputs<'_>,
+    inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
     causal: bool,
     out: &mut impl DevicePtrMut<bf16>,
@@ -42,6 +42,7 @@ pub fn prefill_attention(
 ) -> Result<()> {
     // BEGIN SOLUTION
     let shift = inputs.check(K, gpu)?;
+    let (k_scale, v_scale, fp8) = inputs.scales(K)?;
     let (hq, d) = (inputs.num_q_heads, inputs.cache.head_dim);
     let rows = inputs.q.len() / (hq * d);
     let num_seqs = inputs.table.num_seqs();
@@ -65,16 +66,19 @@ pub fn prefill_attention(
     }
     let out_ptr = gpu.ptr_mut(out);
     check::aligned(K, "output", out_ptr)?;
-    let name = match d {
-        32 => "prefill_attention_d32",
-        64 => "prefill_attention_d64",
-        _ => "prefill_attention_d128",
+    let name = match (d, fp8) {
+        (32, false) => "prefill_attention_d32",
+        (64, false) => "prefill_attention_d64",
+        (_, false) => "prefill_attention_d128",
+        (32, true) => "prefill_attention_fp8_d32",
+        (64, true) => "prefill_attention_fp8_d64",
+        (_, true) => "prefill_attention_fp8_d128",
     };
     let f = gpu.function(Source::PrefillAttention, name)?;
     let ptrs = [
         gpu.ptr(&inputs.q),
-        gpu.ptr(&inputs.k_cache),
-        gpu.ptr(&inputs.v_cache),
+        inputs.k_cache.address(gpu),
+        inputs.v_cache.address(gpu),
         gpu.ptr(&queries.indptr),
         gpu.ptr(&inputs.table.indptr),
         gpu.ptr(&inputs.table.page_ids),
@@ -97,7 +101,11 @@ pub fn prefill_attention(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&inputs.sm_scale).arg(&causal);
+    launch
+        .arg(&inputs.sm_scale)
+        .arg(&causal)
+        .arg(&k_scale)
+        .arg(&v_scale);
     let blocks = (
         check::int(K, "query tiles", tiles)? as u32,
         num_seqs as u32,

@@ -14,7 +14,7 @@ use half::bf16;
 use crate::check;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
-use crate::paged::CacheShape;
+use crate::paged::{CacheShape, CacheWrite, cache_scales};
 use crate::source::Source;
 
 /// Per-token inputs and the model's constants.
@@ -46,10 +46,11 @@ pub fn qk_norm_rope_store(
     args: &RopeStore<'_>,
     cache: CacheShape,
     q_out: &mut impl DevicePtrMut<bf16>,
-    k_cache: &mut impl DevicePtrMut<bf16>,
-    v_cache: &mut impl DevicePtrMut<bf16>,
+    k_cache: &mut impl CacheWrite,
+    v_cache: &mut impl CacheWrite,
 ) -> Result<()> {
-    cache.check(K, k_cache.len(), v_cache.len())?;
+    cache.check(K, k_cache.elements(), v_cache.elements())?;
+    let (k_scale, v_scale, fp8) = cache_scales(K, k_cache.fp8_scale(), v_cache.fp8_scale())?;
     let (t, d, hq, hkv) = (
         args.positions.len(),
         cache.head_dim,
@@ -72,17 +73,20 @@ pub fn qk_norm_rope_store(
     }
     let f = gpu.function(
         Source::RopeStore,
-        match d {
-            32 => "qk_norm_rope_store_d32",
-            64 => "qk_norm_rope_store_d64",
-            _ => "qk_norm_rope_store_d128",
+        match (d, fp8) {
+            (32, false) => "qk_norm_rope_store_d32",
+            (64, false) => "qk_norm_rope_store_d64",
+            (_, false) => "qk_norm_rope_store_d128",
+            (32, true) => "qk_norm_rope_store_fp8_d32",
+            (64, true) => "qk_norm_rope_store_fp8_d64",
+            (_, true) => "qk_norm_rope_store_fp8_d128",
         },
     )?;
     let ptrs = [
         gpu.ptr(qkv),
         gpu.ptr_mut(q_out),
-        gpu.ptr_mut(k_cache),
-        gpu.ptr_mut(v_cache),
+        k_cache.address_mut(gpu),
+        v_cache.address_mut(gpu),
         gpu.ptr(&args.positions),
         gpu.ptr(&args.slots),
         args.q_norm.as_ref().map_or(0, |w| gpu.ptr(w)),
@@ -106,7 +110,9 @@ pub fn qk_norm_rope_store(
     launch
         .arg(&args.norm_eps)
         .arg(&inv_freq)
-        .arg(&args.attention_factor);
+        .arg(&args.attention_factor)
+        .arg(&k_scale)
+        .arg(&v_scale);
     let blocks = (t as u32, heads.div_ceil(WARPS) as u32, 1);
     unsafe { launch.launch(grid(blocks, (WARPS * 32) as u32)) }.during(K)?;
     Ok(())
@@ -128,10 +134,11 @@ pub fn copy_kv_rotated(
     shift: i64,
     inv_freq: &impl DevicePtr<f32>,
     cache: CacheShape,
-    k_cache: &mut impl DevicePtrMut<bf16>,
-    v_cache: &mut impl DevicePtrMut<bf16>,
+    k_cache: &mut impl CacheWrite,
+    v_cache: &mut impl CacheWrite,
 ) -> Result<()> {
-    cache.check(COPY, k_cache.len(), v_cache.len())?;
+    cache.check(COPY, k_cache.elements(), v_cache.elements())?;
+    let (k_scale, v_scale, fp8) = cache_scales(COPY, k_cache.fp8_scale(), v_cache.fp8_scale())?;
     check::at_least(COPY, "src_slots", src_slots.len(), 2 * tokens)?;
     check::at_least(COPY, "dst_slots", dst_slots.len(), 2 * tokens)?;
     check::at_least(COPY, "inv_freq", inv_freq.len(), cache.head_dim / 2)?;
@@ -147,15 +154,18 @@ pub fn copy_kv_rotated(
     }
     let f = gpu.function(
         Source::RopeStore,
-        match cache.head_dim {
-            32 => "copy_kv_rotated_d32",
-            64 => "copy_kv_rotated_d64",
-            _ => "copy_kv_rotated_d128",
+        match (cache.head_dim, fp8) {
+            (32, false) => "copy_kv_rotated_d32",
+            (64, false) => "copy_kv_rotated_d64",
+            (_, false) => "copy_kv_rotated_d128",
+            (32, true) => "copy_kv_rotated_fp8_d32",
+            (64, true) => "copy_kv_rotated_fp8_d64",
+            (_, true) => "copy_kv_rotated_fp8_d128",
         },
     )?;
     let ptrs = [
-        gpu.ptr_mut(k_cache),
-        gpu.ptr_mut(v_cache),
+        k_cache.address_mut(gpu),
+        v_cache.address_mut(gpu),
         gpu.ptr(src_slots),
         gpu.ptr(dst_slots),
         gpu.ptr(inv_freq),
@@ -174,7 +184,7 @@ pub fn copy_kv_rotated(
     for i in &ints {
         launch.arg(i);
     }
-    launch.arg(&shift);
+    launch.arg(&shift).arg(&k_scale).arg(&v_scale);
     let blocks = (
         tokens as u32,
         (2 * cache.num_kv_heads).div_ceil(WARPS) as u32,

@@ -7,6 +7,7 @@
 // - a "chunk" is 8 bf16 = 16 bytes, the widest load one thread can issue in one instruction;
 //   rows are moved chunk by chunk so that a warp reads 512 contiguous bytes at a time.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 typedef __nv_bfloat16 bf16;
 typedef unsigned int u32;
@@ -34,6 +35,48 @@ __device__ __forceinline__ uint4 float_to_chunk(const float v[8]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
     return c;
+}
+
+// How the paged KV cache holds an element: bf16, or an FP8 E4M3 code of value / scale (the
+// "fn" variant: no infinities, saturating at +-448, round to nearest even), read back as
+// code * scale. A kernel templated on one of these reads and writes either cache.
+struct KvBf16 {
+    typedef bf16 T;
+    static constexpr bool FP8 = false;
+    static __device__ __forceinline__ float get(const T* p, int i, float) {
+        return __bfloat162float(p[i]);
+    }
+    static __device__ __forceinline__ void put(T* p, int i, float x, float) {
+        p[i] = __float2bfloat16(x);
+    }
+};
+
+struct KvFp8 {
+    typedef unsigned char T;
+    static constexpr bool FP8 = true;
+    static __device__ __forceinline__ float decode(unsigned char c) {
+        return __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
+    }
+    static __device__ __forceinline__ float get(const T* p, int i, float scale) {
+        return decode(p[i]) * scale;
+    }
+    // `inv_scale` is 1 / scale.
+    static __device__ __forceinline__ void put(T* p, int i, float x, float inv_scale) {
+        p[i] = __nv_cvt_float_to_fp8(x * inv_scale, __NV_SATFINITE, __NV_E4M3);
+    }
+};
+
+// Unpacks 8 FP8 E4M3 codes (the low 8 bytes of `c`) into 8 floats times `scale`, two at a time
+// (one conversion instruction per pair on GPUs that have it).
+__device__ __forceinline__ void fp8_chunk_to_float(const uint4 c, float out[8], float scale) {
+    const unsigned short* pairs = reinterpret_cast<const unsigned short*>(&c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3));
+        const float2 f = __half22float2(h);
+        out[2 * i] = f.x * scale;
+        out[2 * i + 1] = f.y * scale;
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -47,6 +47,23 @@ __device__ __forceinline__ uint4 load_kv(const bf16* p) {
     return v;
 }
 
+// The same for an FP8 cache: 8 codes (8 bytes), in the low half of the result.
+__device__ __forceinline__ uint4 load_kv(const unsigned char* p) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+// 8 cache elements as floats: bf16 as they are, FP8 codes times the scale.
+template <typename KV>
+__device__ __forceinline__ void kv_chunk_to_float(const uint4 c, float out[8], float scale) {
+    if constexpr (KV::FP8) {
+        fp8_chunk_to_float(c, out, scale);
+    } else {
+        chunk_to_float(c, out);
+    }
+}
+
 // Merges online-softmax state (mb, lb, accb) into (ma, la, acca); m in log2 units.
 __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, float mb, float lb,
                                            const float* accb) {
@@ -69,14 +86,16 @@ __device__ __forceinline__ long long block_range(long long total, int blocks, in
     return (r + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
 }
 
-template <int D, int GH>
+template <int D, int GH, typename KV>
 __device__ __forceinline__ void decode_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const typename KV::T* __restrict__ k_cache,
+    const typename KV::T* __restrict__ v_cache,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
     const int* __restrict__ kv_page_lens, const int* __restrict__ slot_indptr,
     bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
     float* __restrict__ part_lse, int num_seqs, int num_q_heads, int num_kv_heads,
-    int page_size, int page_shift, int num_pages, float sm_scale, int min_range) {
+    int page_size, int page_shift, int num_pages, float sm_scale, int min_range, float k_scale,
+    float v_scale) {
     constexpr int LPT = D / 8;          // lanes per token
     constexpr int TPW = 32 / LPT;       // tokens a warp reads side by side
     constexpr int CH = TPW * DECODE_UNROLL;  // slots a warp handles per iteration
@@ -173,7 +192,7 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float kf[8];
-                chunk_to_float(kc[uu], kf);
+                kv_chunk_to_float<KV>(kc[uu], kf, k_scale);
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     float part = 0.f;
@@ -201,7 +220,7 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float vf[8];
-                chunk_to_float(vc[uu], vf);
+                kv_chunk_to_float<KV>(vc[uu], vf, v_scale);
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     const float p = m[h] == neg_inf() ? 0.f : exp2f(sc[uu][h] - m[h]);
@@ -336,18 +355,22 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
     if (lse != nullptr && lane == 0) lse[row] = mx + logf(total);
 }
 
-#define DECODE(D, GH)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attention_d##D##_g##GH( \
-        const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* kv_indptr,         \
+// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16).
+#define DECODE_KV(NAME, D, GH, KV)                                                             \
+    extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) NAME(                      \
+        const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* kv_indptr,       \
         const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
         float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \
         int num_kv_heads, int page_size, int page_shift, int num_pages, float sm_scale,        \
-        int min_range) {                                                                       \
-        decode_attention<D, GH>(q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens,     \
-                                slot_indptr, out, lse, part_o, part_lse, num_seqs, num_q_heads, \
-                                num_kv_heads, page_size, page_shift, num_pages, sm_scale,      \
-                                min_range);                                                    \
+        int min_range, float k_scale, float v_scale) {                                         \
+        decode_attention<D, GH, KV>(q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens, \
+                                    slot_indptr, out, lse, part_o, part_lse, num_seqs,         \
+                                    num_q_heads, num_kv_heads, page_size, page_shift,          \
+                                    num_pages, sm_scale, min_range, k_scale, v_scale);         \
     }
+#define DECODE(D, GH)                                                         \
+    DECODE_KV(decode_attention_d##D##_g##GH, D, GH, KvBf16)                   \
+    DECODE_KV(decode_attention_fp8_d##D##_g##GH, D, GH, KvFp8)
 
 DECODE(32, 1)
 DECODE(32, 2)

@@ -86,26 +86,43 @@ __device__ __forceinline__ void describe_tile(PrefillShared<D>& s, int buf, int 
     if (!big || sub == tiles_per_entry - 1) w.base += advance;
 }
 
-// Starts the asynchronous copy of one K or V tile into `dst`; empty slots become zeros.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16 (*dst)[D + 8], const int* rows, const bf16* cache) {
+// Starts the asynchronous copy of one K or V tile into `dst`; empty slots become zeros. An FP8
+// tile is read into registers, turned into bf16 (code * scale) and stored: the tensor cores
+// take bf16 here, and a copy engine cannot convert on the way.
+template <int D, typename KV>
+__device__ __forceinline__ void load_tile(bf16 (*dst)[D + 8], const int* rows,
+                                          const typename KV::T* cache, float scale) {
     constexpr int CHUNKS = D / 8;
     for (int id = threadIdx.x; id < BN * CHUNKS; id += PREFILL_WARPS * 32) {
         const int r = id / CHUNKS, ch = id % CHUNKS;
         const int row = rows[r];
-        const bf16* src = row >= 0 ? cache + (size_t)row * D + ch * 8 : cache;
-        cp_async_16(&dst[r][ch * 8], src, row >= 0 ? 16 : 0);
+        if constexpr (KV::FP8) {
+            uint4 codes = make_uint4(0, 0, 0, 0);
+            if (row >= 0) {
+                const uint2 c = *reinterpret_cast<const uint2*>(cache + (size_t)row * D + ch * 8);
+                codes.x = c.x;
+                codes.y = c.y;
+            }
+            float f[8];
+            fp8_chunk_to_float(codes, f, scale);
+            *reinterpret_cast<uint4*>(&dst[r][ch * 8]) = float_to_chunk(f);
+        } else {
+            const bf16* src = row >= 0 ? cache + (size_t)row * D + ch * 8 : cache;
+            cp_async_16(&dst[r][ch * 8], src, row >= 0 ? 16 : 0);
+        }
     }
     cp_async_commit();
 }
 
-template <int D>
+template <int D, typename KV>
 __device__ __forceinline__ void prefill_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const typename KV::T* __restrict__ k_cache,
+    const typename KV::T* __restrict__ v_cache,
     const int* __restrict__ q_indptr, const int* __restrict__ kv_indptr,
     const int* __restrict__ kv_page_ids, const int* __restrict__ kv_page_lens,
     bf16* __restrict__ out, float* __restrict__ lse, int num_q_heads, int num_kv_heads,
-    int page_size, int page_shift, int num_pages, float sm_scale, int causal) {
+    int page_size, int page_shift, int num_pages, float sm_scale, int causal, float k_scale,
+    float v_scale) {
     __shared__ __align__(16) PrefillShared<D> s;
     const int seq = blockIdx.y, kv_head = blockIdx.z;
     const int group = num_q_heads / num_kv_heads;
@@ -180,7 +197,7 @@ __device__ __forceinline__ void prefill_attention(
     float l[2] = {0.f, 0.f};
     const float scale = sm_scale * LOG2E;  // scores in log2 units: exp2f is a single instruction
 
-    if (num_tiles > 0) load_tile<D>(s.k, s.row[0], k_cache);
+    if (num_tiles > 0) load_tile<D, KV>(s.k, s.row[0], k_cache, k_scale);
     for (int j = 0; j < num_tiles; ++j) {
         const int b = j & 1;
         if (j + 1 < num_tiles && tid < BN)
@@ -189,7 +206,7 @@ __device__ __forceinline__ void prefill_attention(
         cp_async_wait_all();
         __syncthreads();
         if (s.tile_start[b] > q_hi) break;  // causal: this tile and all later ones are future
-        load_tile<D>(s.v, s.row[b], v_cache);
+        load_tile<D, KV>(s.v, s.row[b], v_cache, v_scale);
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 slots.
         float sc[BN / 8][4];
@@ -248,7 +265,7 @@ __device__ __forceinline__ void prefill_attention(
 
         cp_async_wait_all();
         __syncthreads();
-        if (j + 1 < num_tiles) load_tile<D>(s.k, s.row[b ^ 1], k_cache);
+        if (j + 1 < num_tiles) load_tile<D, KV>(s.k, s.row[b ^ 1], k_cache, k_scale);
 
         // O += P V: the score accumulators become the A operand directly.
 #pragma unroll
@@ -293,17 +310,21 @@ __device__ __forceinline__ void prefill_attention(
 
 // Three blocks per multiprocessor (12 warps) cap the registers at 168 for head_dim 128: enough
 // for Q fragments, the score tile and the output tile, with a few bytes spilled outside the loop.
-#define PREFILL(D)                                                                              \
-    extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 3) prefill_attention_d##D(   \
-        const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* q_indptr,           \
+// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16).
+#define PREFILL(NAME, D, KV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 3) NAME(                   \
+        const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* q_indptr,         \
         const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out,       \
         float* lse, int num_q_heads, int num_kv_heads, int page_size, int page_shift,           \
-        int num_pages, float sm_scale, int causal) {                                            \
-        prefill_attention<D>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids,             \
-                             kv_page_lens, out, lse, num_q_heads, num_kv_heads, page_size,      \
-                             page_shift, num_pages, sm_scale, causal);                          \
+        int num_pages, float sm_scale, int causal, float k_scale, float v_scale) {              \
+        prefill_attention<D, KV>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids,         \
+                                 kv_page_lens, out, lse, num_q_heads, num_kv_heads, page_size,  \
+                                 page_shift, num_pages, sm_scale, causal, k_scale, v_scale);    \
     }
 
-PREFILL(32)
-PREFILL(64)
-PREFILL(128)
+PREFILL(prefill_attention_d32, 32, KvBf16)
+PREFILL(prefill_attention_d64, 64, KvBf16)
+PREFILL(prefill_attention_d128, 128, KvBf16)
+PREFILL(prefill_attention_fp8_d32, 32, KvFp8)
+PREFILL(prefill_attention_fp8_d64, 64, KvFp8)
+PREFILL(prefill_attention_fp8_d128, 128, KvFp8)

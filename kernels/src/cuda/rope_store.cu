@@ -40,13 +40,16 @@ __device__ __forceinline__ void rope_angles(RopeAngles<D>& a, float position,
     __syncthreads();
 }
 
-// One head: optional RMSNorm, then the rotation by `angles` (none when it is null).
-template <int D>
-__device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
-                                          bf16* __restrict__ dst,
+// One head: optional RMSNorm, then the rotation by `angles` (none when it is null). `src` is
+// read as `In` elements (times `in_scale` when FP8), `dst` written as `Out` elements (times
+// `out_inv_scale` before rounding when FP8).
+template <int D, typename In, typename Out>
+__device__ __forceinline__ void rope_head(const typename In::T* __restrict__ src,
+                                          typename Out::T* __restrict__ dst,
                                           const bf16* __restrict__ norm_w,
                                           float eps,
-                                          const RopeAngles<D>* angles) {
+                                          const RopeAngles<D>* angles,
+                                          float in_scale, float out_inv_scale) {
     constexpr int HALF = D / 2;
     constexpr int PAIRS = (HALF + 31) / 32;  // pairs per lane
     const int lane = threadIdx.x & 31;
@@ -55,8 +58,8 @@ __device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
 #pragma unroll
     for (int j = 0; j < PAIRS; ++j) {
         const int p = lane + 32 * j;
-        a[j] = p < HALF ? __bfloat162float(src[p]) : 0.f;
-        b[j] = p < HALF ? __bfloat162float(src[p + HALF]) : 0.f;
+        a[j] = p < HALF ? In::get(src, p, in_scale) : 0.f;
+        b[j] = p < HALF ? In::get(src, p + HALF, in_scale) : 0.f;
         sq += a[j] * a[j] + b[j] * b[j];
     }
     if (norm_w != nullptr) {
@@ -80,16 +83,16 @@ __device__ __forceinline__ void rope_head(const bf16* __restrict__ src,
             x1 = a[j] * c - b[j] * s;
             x2 = b[j] * c + a[j] * s;
         }
-        dst[p] = __float2bfloat16(x1);
-        dst[p + HALF] = __float2bfloat16(x2);
+        Out::put(dst, p, x1, out_inv_scale);
+        Out::put(dst, p + HALF, x2, out_inv_scale);
     }
 }
 
-template <int D>
+template <int D, typename KV>
 __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
                                                    bf16* __restrict__ q_out,
-                                                   bf16* __restrict__ k_cache,
-                                                   bf16* __restrict__ v_cache,
+                                                   typename KV::T* __restrict__ k_cache,
+                                                   typename KV::T* __restrict__ v_cache,
                                                    const int* __restrict__ positions,
                                                    const int* __restrict__ slots,
                                                    const bf16* __restrict__ q_norm_w,
@@ -100,7 +103,8 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
                                                    int num_pages,
                                                    float eps,
                                                    const float* __restrict__ inv_freq,
-                                                   float attention_factor) {
+                                                   float attention_factor, float k_scale,
+                                                   float v_scale) {
     const int t = blockIdx.x;
     const int first_head = blockIdx.y * (blockDim.x / 32);
     const int head = first_head + (threadIdx.x >> 5);
@@ -114,7 +118,7 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
 
     if (head < num_q_heads) {
         bf16* dst = q_out + ((size_t)t * num_q_heads + head) * D;
-        rope_head<D>(src, dst, q_norm_w, eps, &angles);
+        rope_head<D, KvBf16, KvBf16>(src, dst, q_norm_w, eps, &angles, 1.f, 1.f);
         return;
     }
     // K and V go to the cache. A slot outside the cache (page < 0 marks padding) stores nothing.
@@ -124,26 +128,30 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
     const int kv_head = is_k ? head - num_q_heads : head - num_q_heads - num_kv_heads;
     const size_t row = ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
     if (is_k) {
-        rope_head<D>(src, k_cache + row * D, k_norm_w, eps, &angles);
+        rope_head<D, KvBf16, KV>(src, k_cache + row * D, k_norm_w, eps, &angles, 1.f, 1.f / k_scale);
     } else {
-        rope_head<D>(src, v_cache + row * D, nullptr, eps, nullptr);
+        rope_head<D, KvBf16, KV>(src, v_cache + row * D, nullptr, eps, nullptr, 1.f, 1.f / v_scale);
     }
 }
 
-#define ROPE_STORE(D)                                                                        \
-    extern "C" __global__ void qk_norm_rope_store_d##D(                                     \
-        const bf16* qkv, bf16* q_out, bf16* k_cache, bf16* v_cache, const int* positions,    \
+// `k_scale` and `v_scale` are the FP8 cache's scales (1 for a bf16 cache).
+#define ROPE_STORE(NAME, D, KV)                                                              \
+    extern "C" __global__ void NAME(                                                         \
+        const bf16* qkv, bf16* q_out, KV::T* k_cache, KV::T* v_cache, const int* positions,  \
         const int* slots, const bf16* q_norm_w, const bf16* k_norm_w, int num_q_heads,       \
         int num_kv_heads, int page_size, int num_pages, float eps, const float* inv_freq,     \
-        float attention_factor) {                                                            \
-        qk_norm_rope_store<D>(qkv, q_out, k_cache, v_cache, positions, slots, q_norm_w,      \
-                              k_norm_w, num_q_heads, num_kv_heads, page_size, num_pages, eps, \
-                              inv_freq, attention_factor);                                   \
+        float attention_factor, float k_scale, float v_scale) {                              \
+        qk_norm_rope_store<D, KV>(qkv, q_out, k_cache, v_cache, positions, slots, q_norm_w,  \
+                                  k_norm_w, num_q_heads, num_kv_heads, page_size, num_pages,  \
+                                  eps, inv_freq, attention_factor, k_scale, v_scale);         \
     }
 
-ROPE_STORE(32)
-ROPE_STORE(64)
-ROPE_STORE(128)
+ROPE_STORE(qk_norm_rope_store_d32, 32, KvBf16)
+ROPE_STORE(qk_norm_rope_store_d64, 64, KvBf16)
+ROPE_STORE(qk_norm_rope_store_d128, 128, KvBf16)
+ROPE_STORE(qk_norm_rope_store_fp8_d32, 32, KvFp8)
+ROPE_STORE(qk_norm_rope_store_fp8_d64, 64, KvFp8)
+ROPE_STORE(qk_norm_rope_store_fp8_d128, 128, KvFp8)
 
 // Copies the K/V of n tokens from one set of slots to another in one layer's cache, turning
 // each key by `shift` positions on the way. RoPE rotations compose, so a key rotated for
@@ -152,14 +160,14 @@ ROPE_STORE(128)
 // The turn is a pure rotation: the attention factor was applied when the key was stored.
 // Slots are (page, offset) pairs as above; the two sets must not share a page.
 // Grid: (n, ceil(2 Hkv / WARPS)); a warp per (token, K head or V head).
-template <int D>
-__device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
-                                                bf16* __restrict__ v_cache,
+template <int D, typename KV>
+__device__ __forceinline__ void copy_kv_rotated(typename KV::T* __restrict__ k_cache,
+                                                typename KV::T* __restrict__ v_cache,
                                                 const int* __restrict__ src_slots,
                                                 const int* __restrict__ dst_slots,
                                                 const float* __restrict__ inv_freq,
                                                 int num_kv_heads, int page_size, int num_pages,
-                                                float shift) {
+                                                float shift, float k_scale, float v_scale) {
     const int t = blockIdx.x;
     const int first_head = blockIdx.y * (blockDim.x / 32);
     const int head = first_head + (threadIdx.x >> 5);
@@ -174,18 +182,25 @@ __device__ __forceinline__ void copy_kv_rotated(bf16* __restrict__ k_cache,
     const int kv_head = is_k ? head : head - num_kv_heads;
     const size_t src_row = ((size_t)sp * num_kv_heads + kv_head) * page_size + so;
     const size_t dst_row = ((size_t)dp * num_kv_heads + kv_head) * page_size + dof;
-    bf16* cache = is_k ? k_cache : v_cache;
-    rope_head<D>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f, is_k ? &angles : nullptr);
+    typename KV::T* cache = is_k ? k_cache : v_cache;
+    const float scale = is_k ? k_scale : v_scale;
+    rope_head<D, KV, KV>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f,
+                         is_k ? &angles : nullptr, scale, 1.f / scale);
 }
 
-#define COPY_KV(D)                                                                               \
-    extern "C" __global__ void copy_kv_rotated_d##D(                                            \
-        bf16* k_cache, bf16* v_cache, const int* src_slots, const int* dst_slots,                \
-        const float* inv_freq, int num_kv_heads, int page_size, int num_pages, float shift) {   \
-        copy_kv_rotated<D>(k_cache, v_cache, src_slots, dst_slots, inv_freq, num_kv_heads,       \
-                           page_size, num_pages, shift);                                         \
+// An FP8 key is read (code * scale), turned and rounded to a code again.
+#define COPY_KV(NAME, D, KV)                                                                     \
+    extern "C" __global__ void NAME(                                                            \
+        KV::T* k_cache, KV::T* v_cache, const int* src_slots, const int* dst_slots,              \
+        const float* inv_freq, int num_kv_heads, int page_size, int num_pages, float shift,     \
+        float k_scale, float v_scale) {                                                         \
+        copy_kv_rotated<D, KV>(k_cache, v_cache, src_slots, dst_slots, inv_freq, num_kv_heads,   \
+                               page_size, num_pages, shift, k_scale, v_scale);                   \
     }
 
-COPY_KV(32)
-COPY_KV(64)
-COPY_KV(128)
+COPY_KV(copy_kv_rotated_d32, 32, KvBf16)
+COPY_KV(copy_kv_rotated_d64, 64, KvBf16)
+COPY_KV(copy_kv_rotated_d128, 128, KvBf16)
+COPY_KV(copy_kv_rotated_fp8_d32, 32, KvFp8)
+COPY_KV(copy_kv_rotated_fp8_d64, 64, KvFp8)
+COPY_KV(copy_kv_rotated_fp8_d128, 128, KvFp8)

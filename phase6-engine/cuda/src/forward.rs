@@ -13,13 +13,14 @@
 
 use kernels::decode::{self, DecodeWorkspace};
 use kernels::merge::{self, PartialState};
-use kernels::paged::{AttentionInputs, CacheShape, PageTable};
+use kernels::paged::{AttentionInputs, CacheRead, CacheShape, Fp8Cache, Fp8CacheMut, PageTable};
 use kernels::prefill::{self, PrefillQueries};
 use kernels::rope::{self, RopeStore};
 use kernels::{
     CudaSlice, CudaView, CudaViewMut, DevicePtrMut, Gpu, Result, activation, bf16, gather, linear,
     norm, split_k,
 };
+use phase1::KvDtype;
 use phase2::ModelConfig;
 use phase6_cuda_weights::DeviceWeights;
 
@@ -268,41 +269,92 @@ pub enum ProductMut<'a> {
     Partials(CudaViewMut<'a, f32>),
 }
 
+enum Buffers {
+    Bf16 {
+        k: CudaSlice<bf16>,
+        v: CudaSlice<bf16>,
+    },
+    /// FP8 codes and the scales `(k_scale, v_scale)` of each layer.
+    Fp8 {
+        k: CudaSlice<u8>,
+        v: CudaSlice<u8>,
+        scales: Vec<(f32, f32)>,
+    },
+}
+
 /// One K and one V buffer for every layer, each `[layers][pages][kv_heads][page_size][head_dim]`.
 pub struct KvCache {
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
+    buffers: Buffers,
     pub shape: CacheShape,
 }
 
 impl KvCache {
-    pub fn new(gpu: &Gpu, layers: usize, shape: CacheShape) -> Result<Self> {
-        Ok(Self {
-            k: gpu.zeros(layers * shape.elements())?,
-            v: gpu.zeros(layers * shape.elements())?,
-            shape,
-        })
+    /// Zeroed buffers of bf16, or of FP8 codes (`KvDtype::Fp8E4m3`) whose scales are 1: values
+    /// stored as they are, within e4m3's ±448 (see chapter 6.6 for scales).
+    pub fn new(gpu: &Gpu, layers: usize, shape: CacheShape, dtype: KvDtype) -> Result<Self> {
+        let n = layers * shape.elements();
+        let buffers = match dtype {
+            KvDtype::Fp8E4m3 => Buffers::Fp8 {
+                k: gpu.zeros(n)?,
+                v: gpu.zeros(n)?,
+                scales: vec![(1.0, 1.0); layers],
+            },
+            _ => Buffers::Bf16 {
+                k: gpu.zeros(n)?,
+                v: gpu.zeros(n)?,
+            },
+        };
+        Ok(Self { buffers, shape })
     }
 
     pub fn bytes(&self) -> usize {
-        2 * 2 * self.k.len()
+        match &self.buffers {
+            Buffers::Bf16 { k, .. } => 2 * 2 * k.len(),
+            Buffers::Fp8 { k, .. } => 2 * k.len(),
+        }
     }
 
-    fn layer(&self, l: usize) -> (CudaView<'_, bf16>, CudaView<'_, bf16>) {
-        let n = self.shape.elements();
-        (
-            self.k.slice(l * n..(l + 1) * n),
-            self.v.slice(l * n..(l + 1) * n),
-        )
+    pub fn dtype(&self) -> KvDtype {
+        match self.buffers {
+            Buffers::Bf16 { .. } => KvDtype::BF16,
+            Buffers::Fp8 { .. } => KvDtype::Fp8E4m3,
+        }
     }
+}
 
-    fn layer_mut(&mut self, l: usize) -> (CudaViewMut<'_, bf16>, CudaViewMut<'_, bf16>) {
-        let n = self.shape.elements();
-        (
-            self.k.slice_mut(l * n..(l + 1) * n),
-            self.v.slice_mut(l * n..(l + 1) * n),
-        )
-    }
+/// Layer `l`'s part of a buffer of `n` elements a layer.
+fn layer_of<T>(b: &CudaSlice<T>, l: usize, n: usize) -> CudaView<'_, T> {
+    b.slice(l * n..(l + 1) * n)
+}
+
+fn layer_of_mut<T>(b: &mut CudaSlice<T>, l: usize, n: usize) -> CudaViewMut<'_, T> {
+    b.slice_mut(l * n..(l + 1) * n)
+}
+
+/// Runs `$body` with `$k` and `$v` bound to layer `$l`'s writable K and V, whichever the cache
+/// holds (the kernels take either).
+macro_rules! with_layer_mut {
+    ($kv:expr, $l:expr, |$k:ident, $v:ident| $body:expr) => {{
+        let n = $kv.shape.elements();
+        match &mut $kv.buffers {
+            Buffers::Bf16 { k, v } => {
+                let (mut $k, mut $v) = (layer_of_mut(k, $l, n), layer_of_mut(v, $l, n));
+                $body
+            }
+            Buffers::Fp8 { k, v, scales } => {
+                let (ks, vs) = scales[$l];
+                let mut $k = Fp8CacheMut {
+                    codes: layer_of_mut(k, $l, n),
+                    scale: ks,
+                };
+                let mut $v = Fp8CacheMut {
+                    codes: layer_of_mut(v, $l, n),
+                    scale: vs,
+                };
+                $body
+            }
+        }
+    }};
 }
 
 /// Queues a whole step; the logits of `inputs.sample_rows` land in `a.logits`.
@@ -457,11 +509,10 @@ pub fn attention_block(
         attention_factor: m.rope_attention_factor,
         norm_eps: m.eps,
     };
-    {
-        let shape = kv.shape;
-        let (mut k, mut v) = kv.layer_mut(l);
-        rope::qk_norm_rope_store(gpu, &a.wide, &rope, shape, &mut a.q, &mut k, &mut v)?;
-    }
+    let shape = kv.shape;
+    with_layer_mut!(kv, l, |k, v| rope::qk_norm_rope_store(
+        gpu, &a.wide, &rope, shape, &mut a.q, &mut k, &mut v
+    ))?;
     attention(gpu, m, l, a, kv, s)?;
     let out = (&mut a.hidden, &mut a.partials);
     hidden_product(
@@ -523,8 +574,7 @@ pub(crate) fn copy_kv_rotated(
 ) -> Result<()> {
     let shape = kv.shape;
     for l in 0..m.layers {
-        let (mut k, mut v) = kv.layer_mut(l);
-        rope::copy_kv_rotated(
+        with_layer_mut!(kv, l, |k, v| rope::copy_kv_rotated(
             gpu,
             src_slots,
             dst_slots,
@@ -534,7 +584,7 @@ pub(crate) fn copy_kv_rotated(
             shape,
             &mut k,
             &mut v,
-        )?;
+        ))?;
     }
     Ok(())
 }
@@ -551,12 +601,42 @@ fn attention(
     kv: &KvCache,
     s: &StepInputs<'_>,
 ) -> Result<()> {
+    let (n, shape) = (kv.shape.elements(), kv.shape);
+    match &kv.buffers {
+        Buffers::Bf16 { k, v } => attend(gpu, m, a, s, shape, &|| {
+            (layer_of(k, l, n), layer_of(v, l, n))
+        }),
+        Buffers::Fp8 { k, v, scales } => attend(gpu, m, a, s, shape, &|| {
+            let (ks, vs) = scales[l];
+            (
+                Fp8Cache {
+                    codes: layer_of(k, l, n),
+                    scale: ks,
+                },
+                Fp8Cache {
+                    codes: layer_of(v, l, n),
+                    scale: vs,
+                },
+            )
+        }),
+    }
+}
+
+/// [`attention`] over one layer's K and V, as `layer` gives them.
+fn attend<'k, C: CacheRead>(
+    gpu: &Gpu,
+    m: &Dims,
+    a: &mut Activations,
+    s: &StepInputs<'_>,
+    shape: CacheShape,
+    layer: &dyn Fn() -> (C, C),
+) -> Result<()> {
     let (t, qw, hq) = (s.ids.len(), m.q_width(), m.heads);
     let cascade = !s.levels.is_empty();
     let mut first = 0;
     if let Some(d) = &s.decode {
         let n = d.table.num_seqs();
-        let inputs = attention_inputs(m, kv, l, a.q.slice(..n * qw), d.table.page_table());
+        let inputs = attention_inputs(m, shape, layer(), a.q.slice(..n * qw), d.table.page_table());
         let mut out = a.attn.slice_mut(..n * qw);
         let mut lse = a.lse.slice_mut(..n * hq);
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
@@ -566,8 +646,8 @@ fn attention(
     if let Some(p) = &s.prefill {
         let inputs = attention_inputs(
             m,
-            kv,
-            l,
+            shape,
+            layer(),
             a.q.slice(first * qw..t * qw),
             p.table.page_table(),
         );
@@ -584,7 +664,8 @@ fn attention(
         let n = level.rows.len();
         gather::gather_rows(gpu, &a.q, t, &level.rows, &mut a.part_q, qw)?;
         let g = &level.groups;
-        let inputs = attention_inputs(m, kv, l, a.part_q.slice(..n * qw), g.table.page_table());
+        let q = a.part_q.slice(..n * qw);
+        let inputs = attention_inputs(m, shape, layer(), q, g.table.page_table());
         let queries = PrefillQueries {
             indptr: g.q_indptr.slice(..),
             max_len: g.max_q,
@@ -601,19 +682,18 @@ fn attention(
     Ok(())
 }
 
-fn attention_inputs<'a>(
+fn attention_inputs<'a, C: CacheRead>(
     m: &Dims,
-    kv: &'a KvCache,
-    l: usize,
+    cache: CacheShape,
+    (k_cache, v_cache): (C, C),
     q: CudaView<'a, bf16>,
     table: PageTable<'a>,
-) -> AttentionInputs<'a> {
-    let (k_cache, v_cache) = kv.layer(l);
+) -> AttentionInputs<'a, C> {
     AttentionInputs {
         q,
         k_cache,
         v_cache,
-        cache: kv.shape,
+        cache,
         table,
         num_q_heads: m.heads,
         sm_scale: 1.0 / (m.head_dim as f32).sqrt(),

@@ -61,6 +61,9 @@ pub struct CudaOptions {
     /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
     /// with few queries is attended in several pieces at once so that it fills the GPU.
     pub cascade_split_min_tokens: usize,
+    /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
+    /// FP8 conversion instructions, compute capability 8.9 and newer).
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl Default for CudaOptions {
@@ -74,6 +77,7 @@ impl Default for CudaOptions {
             max_num_seqs: 512,
             enforce_eager: false,
             cascade_split_min_tokens: 1024,
+            kv_cache_dtype: KvDtype::BF16,
         }
     }
 }
@@ -87,6 +91,7 @@ pub struct MemoryReport {
     /// Activation buffers, decode workspace and staging buffers.
     pub activation_bytes: usize,
     pub kv_bytes: usize,
+    pub kv_cache_dtype: KvDtype,
     pub num_pages: usize,
     pub page_size: usize,
     pub num_graphs: usize,
@@ -109,11 +114,15 @@ impl fmt::Display for MemoryReport {
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         write!(
             f,
-            "{} ({:.1} GiB): weights {:.2} GiB, activations {:.2} GiB, KV cache {:.2} GiB = {} pages x {} tokens ({} tokens)",
+            "{} ({:.1} GiB): weights {:.2} GiB, activations {:.2} GiB, KV cache{} {:.2} GiB = {} pages x {} tokens ({} tokens)",
             self.device,
             gib(self.total_bytes),
             gib(self.weights_bytes),
             gib(self.activation_bytes),
+            match self.kv_cache_dtype {
+                KvDtype::Fp8E4m3 => " (FP8 E4M3, 1 byte an element)",
+                _ => "",
+            },
             gib(self.kv_bytes),
             self.num_pages,
             self.page_size,
@@ -187,6 +196,14 @@ impl CudaRunner {
             .map_err(device_error)?;
         gpu.preload().map_err(device_error)?;
         let device = gpu.name().map_err(device_error)?;
+        let arch = gpu.arch();
+        if options.kv_cache_dtype == KvDtype::Fp8E4m3 && (arch.major, arch.minor) < (8, 9) {
+            return Err(Error::Device(format!(
+                "an FP8 KV cache needs FP8 conversion instructions (compute capability 8.9 or \
+                 newer); {device} is {}.{}",
+                arch.major, arch.minor
+            )));
+        }
         let opened = start.elapsed().as_secs_f64();
         let mut model = load(&gpu)?;
         let loaded = start.elapsed().as_secs_f64();
@@ -203,7 +220,8 @@ impl CudaRunner {
             page_size: options.page_size,
             head_dim: dims.head_dim,
         };
-        let mut kv = KvCache::new(&gpu, dims.layers, shape).map_err(device_error)?;
+        let mut kv =
+            KvCache::new(&gpu, dims.layers, shape, options.kv_cache_dtype).map_err(device_error)?;
         let limits = Limits {
             page_size: options.page_size,
             num_pages: shape.num_pages,
@@ -248,6 +266,7 @@ impl CudaRunner {
                 + graphs.as_ref().map_or(0, DecodeGraphs::staging_bytes)
                 + BLAS_WORKSPACE,
             kv_bytes: kv.bytes(),
+            kv_cache_dtype: kv.dtype(),
             num_pages: shape.num_pages,
             page_size: options.page_size,
             num_graphs: graphs.as_ref().map_or(0, DecodeGraphs::len),
@@ -421,6 +440,12 @@ fn check_supported(c: &ModelConfig, o: &CudaOptions) -> Result<(), Error> {
     if o.max_num_batched_tokens == 0 || o.max_num_seqs == 0 {
         return refuse("max_num_batched_tokens and max_num_seqs must be positive".into());
     }
+    if !matches!(o.kv_cache_dtype, KvDtype::BF16 | KvDtype::Fp8E4m3) {
+        return refuse(format!(
+            "a {:?} KV cache (supported: bf16, FP8 E4M3)",
+            o.kv_cache_dtype
+        ));
+    }
     if !(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0) {
         return refuse(format!(
             "gpu_memory_utilization {} (must be in (0, 1])",
@@ -433,7 +458,8 @@ fn check_supported(c: &ModelConfig, o: &CudaOptions) -> Result<(), Error> {
 /// KV pages: the fixed number asked for, or what fits in the memory share once everything
 /// else is allocated (`free` of `total` bytes are free now).
 fn kv_pages(c: &ModelConfig, o: &CudaOptions, free: usize, total: usize) -> Result<usize, Error> {
-    let page_bytes = 2 * c.num_layers * c.num_kv_heads * o.page_size * c.head_dim * 2;
+    let element = o.kv_cache_dtype.size_bytes();
+    let page_bytes = 2 * c.num_layers * c.num_kv_heads * o.page_size * c.head_dim * element;
     let reserve = RESERVE + if o.enforce_eager { 0 } else { GRAPH_RESERVE };
     let available = free.saturating_sub(reserve);
     let pages = match o.num_pages {
@@ -470,7 +496,7 @@ impl ModelRunner for CudaRunner {
             num_layers: self.dims.layers,
             num_kv_heads: self.dims.kv_heads,
             head_dim: self.dims.head_dim,
-            dtype: KvDtype::BF16,
+            dtype: self.kv.dtype(),
         }
     }
 

@@ -41,8 +41,8 @@ pub fn build_runner(
     }
 }
 
-/// The FP8 K/V cache runs on the CPU runner of chapter 6.6 only: one rank, and not yet on a
-/// GPU (a CUDA build's `auto` could pick one, so it must say `cpu`).
+/// The FP8 K/V cache: on a GPU, the CUDA runner with FP8 buffers; on the CPU, chapter 6.6's
+/// reference runner. One rank: tensor parallelism with FP8 is not built.
 fn fp8_runner(
     model_config: ModelConfig,
     weights: &Weights,
@@ -58,11 +58,12 @@ fn fp8_runner(
     }
     match config.device {
         Device::Cpu => fp8_cpu_runner(model_config, weights, config),
-        Device::Auto if !cfg!(feature = "cuda") => fp8_cpu_runner(model_config, weights, config),
-        Device::Auto | Device::Cuda(_) => Err(Error::InvalidConfig(format!(
-            "kv_cache_dtype {dtype} is not yet supported by the CUDA runner (--device cpu runs \
-             the CPU reference)"
-        ))),
+        Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
+            Ok(runner) => Ok(runner),
+            Err(Error::Cuda(_)) => fp8_cpu_runner(model_config, weights, config),
+            Err(e) => Err(e),
+        },
+        Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
     }
 }
 
@@ -127,6 +128,10 @@ fn gpu_runner(
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_num_seqs: config.max_num_seqs,
         enforce_eager: config.enforce_eager,
+        kv_cache_dtype: match config.kv_cache_dtype {
+            KvCacheDtype::Auto => phase1::KvDtype::BF16,
+            KvCacheDtype::Fp8E4m3 => phase1::KvDtype::Fp8E4m3,
+        },
         ..CudaOptions::default()
     };
     if config.tensor_parallel_size > 1 {

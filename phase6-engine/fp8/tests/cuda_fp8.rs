@@ -1,0 +1,166 @@
+//! The CUDA runner's FP8 K/V cache against this chapter's CPU reference (the same arithmetic in
+//! f32): prefill logits and greedy tokens on fixture models, through the decode kernel and the
+//! graphs; the pages an FP8 cache gets from the same memory; K/V copies. The GPU computes in
+//! bf16, so greedy tokens are compared up to the first near-tie, as the CUDA runner's own tests
+//! do: two logits each off by at most `e` trade places only if their gap is under `2e`; the
+//! tolerance is `4e`, `e` the largest logit error of the prefill. Without a GPU each test says
+//! why it is skipped.
+
+use std::io::Write;
+
+use phase1::KvDtype;
+use phase2::{Model, ModelConfig, ModelRunner, Weights, models_dir};
+use phase6_cuda::{CudaOptions, CudaRunner};
+use phase6_fp8::Fp8CpuRunner;
+use phase6_fp8::measure::{Sequences, argmax, prefill_logits, rel_error};
+
+fn have_gpu() -> bool {
+    match kernels::Gpu::open(0) {
+        Ok(_) => true,
+        Err(kernels::Error::NoDevice(reason)) => {
+            let name = std::thread::current().name().unwrap_or("test").to_string();
+            let _ = std::io::stderr()
+                .lock()
+                .write_all(format!("{name}: skipped: {reason}\n").as_bytes());
+            false
+        }
+        Err(other) => panic!("a GPU is present but cannot be used: {other}"),
+    }
+}
+
+fn say(line: String) {
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{line}\n").as_bytes());
+}
+
+fn load(name: &str) -> (ModelConfig, Weights) {
+    let dir = if name == "tiny-shakespeare" {
+        models_dir().join(name)
+    } else {
+        models_dir().join("fixtures").join(name)
+    };
+    let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    (config, Weights::open(&dir).unwrap())
+}
+
+fn options(dtype: KvDtype, eager: bool) -> CudaOptions {
+    CudaOptions {
+        page_size: 16,
+        num_pages: Some(160),
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 8,
+        enforce_eager: eager,
+        kv_cache_dtype: dtype,
+        ..CudaOptions::default()
+    }
+}
+
+/// `steps` greedy tokens after `prompt`, with each step's logits.
+fn greedy(runner: &mut dyn ModelRunner, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut seqs = Sequences::new(runner, 1).unwrap();
+    let (mut tokens, mut rows) = (Vec::new(), Vec::new());
+    let mut next = vec![prompt.to_vec()];
+    for _ in 0..steps {
+        let row = seqs.step(&next).unwrap().remove(0);
+        let t = argmax(&row);
+        tokens.push(t);
+        rows.push(row);
+        next = vec![vec![t]];
+    }
+    (tokens, rows)
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn top2_gap(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+#[test]
+fn fp8_cache_on_the_gpu_follows_the_cpu_reference() {
+    if !have_gpu() {
+        return;
+    }
+    for name in ["tiny-shakespeare", "qwen3-yarn", "qwen2-bias", "llama-gqa"] {
+        let (config, weights) = load(name);
+        let model = Model::from_weights(config.clone(), &weights).unwrap();
+        let prompt: Vec<u32> = (0..300)
+            .map(|i| ((i * 7919 + 11) % config.vocab_size) as u32)
+            .collect();
+        let mut cpu_f32 = phase2::CpuRunner::new(model.clone(), 160, 16);
+        let mut cpu_fp8 = Fp8CpuRunner::new(model, 160, 16, false);
+        let want_f32 = prefill_logits(&mut cpu_f32, &prompt).unwrap();
+        let (want_tokens, want_rows) = greedy(&mut cpu_fp8, &prompt, 32);
+        for eager in [true, false] {
+            let mut bf16 =
+                CudaRunner::new(&config, &weights, options(KvDtype::BF16, eager)).unwrap();
+            let mut fp8 =
+                CudaRunner::new(&config, &weights, options(KvDtype::Fp8E4m3, eager)).unwrap();
+            let got_bf16 = prefill_logits(&mut bf16, &prompt).unwrap();
+            let (tokens, rows) = greedy(&mut fp8, &prompt, 32);
+            let e = max_abs(&rows[0], &want_rows[0]);
+            let rel = rel_error(&rows[0], &want_rows[0]);
+            let rel_bf16 = rel_error(&got_bf16, &want_f32);
+            let rel_fp8_cost = rel_error(&want_rows[0], &want_f32);
+            say(format!(
+                "{name} (eager {eager}): FP8 GPU vs FP8 CPU rel {rel:.2e} (max abs {e:.3}); bf16 GPU vs f32 CPU rel {rel_bf16:.2e}; FP8 CPU vs f32 CPU rel {rel_fp8_cost:.2e}"
+            ));
+            // The GPU's own rounding (bf16 between kernels) plus keys that land on the other
+            // side of an e4m3 rounding boundary: a few times the bf16 runner's error.
+            assert!(
+                rel < 4.0 * rel_bf16 + 0.02,
+                "{name}: rel {rel} vs bf16 {rel_bf16}"
+            );
+            let mut agreed = 0;
+            for (step, (t, w)) in tokens.iter().zip(&want_tokens).enumerate() {
+                if top2_gap(&want_rows[step]) < 4.0 * e {
+                    break;
+                }
+                assert_eq!(t, w, "{name} (eager {eager}): token {step}");
+                agreed += 1;
+            }
+            say(format!(
+                "{name} (eager {eager}): {agreed} of 32 greedy tokens checked, all equal"
+            ));
+        }
+    }
+}
+
+#[test]
+fn the_same_memory_holds_twice_the_pages() {
+    if !have_gpu() {
+        return;
+    }
+    let (config, weights) = load("qwen3-yarn");
+    let sized = |dtype| CudaOptions {
+        num_pages: None,
+        gpu_memory_utilization: 0.3,
+        ..options(dtype, true)
+    };
+    let bf16 = CudaRunner::new(&config, &weights, sized(KvDtype::BF16)).unwrap();
+    let pages_bf16 = bf16.num_pages();
+    drop(bf16);
+    let fp8 = CudaRunner::new(&config, &weights, sized(KvDtype::Fp8E4m3)).unwrap();
+    say(format!("{}", fp8.memory_report()));
+    let ratio = fp8.num_pages() as f64 / pages_bf16 as f64;
+    assert!(
+        (1.98..=2.02).contains(&ratio),
+        "{} vs {pages_bf16}",
+        fp8.num_pages()
+    );
+    assert_eq!(fp8.kv_layout().dtype, KvDtype::Fp8E4m3);
+}
