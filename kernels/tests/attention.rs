@@ -6,9 +6,10 @@ mod common;
 use common::*;
 use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
 use kernels::merge::{PartialState, merge_state, merge_state_into};
-use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
+use kernels::paged::{AttentionInputs, CacheShape, Fp8Cache, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
+use phase6_fp8::e4m3;
 
 /// A cache filled with random K/V where sequences have tokens and NaN everywhere else, so a
 /// kernel that reads a slot it should skip poisons its own output.
@@ -291,6 +292,114 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         let name = format!("prefill d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
         assert_close(&name, &out, &want, BF16_TOL);
         assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+    }
+}
+
+/// An FP8 cache: the codes of the K/V values (scales 1/4 and 1/2), read by the kernels as
+/// `code * scale`, give the reference computed on the decoded values, by prefill (causal and
+/// not) and decode, over partly filled pages and GQA groups.
+#[test]
+fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(23);
+    let (k_scale, v_scale) = (0.25f32, 0.5f32);
+    let segs: Vec<(&[usize], usize)> = vec![(&[37, 100], 20), (&[5], 5), (&[300], 1)];
+    for d in [32, 64, 128] {
+        for (hq, hkv, ps) in [(4, 4, 16), (8, 2, 256), (16, 2, 16)] {
+            let pages = segs
+                .iter()
+                .flat_map(|s| s.0)
+                .map(|n| n.div_ceil(ps))
+                .sum::<usize>()
+                + 2;
+            let mut p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
+            // Codes of the values; the reference reads the values they stand for. (Poisoned
+            // slots stay NaN codes: a kernel reading one poisons its output.)
+            let quantize = |xs: &mut Vec<bf16>, scale: f32| -> Vec<u8> {
+                xs.iter_mut()
+                    .map(|x| {
+                        let code = e4m3::encode(x.to_f32() / scale);
+                        *x = bf16::from_f32(e4m3::decode(code) * scale);
+                        code
+                    })
+                    .collect()
+            };
+            let k_codes = gpu.upload(&quantize(&mut p.cache.k, k_scale)).unwrap();
+            let v_codes = gpu.upload(&quantize(&mut p.cache.v, v_scale)).unwrap();
+            let q = gpu.upload(&p.q).unwrap();
+            let table = p.table(&p.seqs).upload(&gpu).unwrap();
+            let inputs = AttentionInputs {
+                q: q.as_view(),
+                k_cache: Fp8Cache {
+                    codes: k_codes.as_view(),
+                    scale: k_scale,
+                },
+                v_cache: Fp8Cache {
+                    codes: v_codes.as_view(),
+                    scale: v_scale,
+                },
+                cache: p.cache.shape,
+                table: table.view(),
+                num_q_heads: hq,
+                sm_scale: 1.0 / (d as f32).sqrt(),
+            };
+            let name = format!("fp8 d{d} group{} page{ps}", hq / hkv);
+            let n = p.total_q();
+            let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
+            for causal in [true, false] {
+                let queries = PrefillQueries {
+                    indptr: q_indptr.as_view(),
+                    max_len: *p.q_lens.iter().max().unwrap(),
+                };
+                let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+                let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+                prefill_attention(&gpu, &inputs, &queries, causal, &mut out, Some(&mut lse))
+                    .unwrap();
+                let (want, want_lse) = p.reference(&p.seqs, causal);
+                let out = wide(&gpu.download(&out).unwrap());
+                let lse: Vec<f64> = gpu
+                    .download(&lse)
+                    .unwrap()
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
+                assert_close(
+                    &format!("{name} prefill causal={causal}"),
+                    &out,
+                    &want,
+                    BF16_TOL,
+                );
+                assert_close(&format!("{name} prefill lse"), &lse, &want_lse, 1e-3);
+            }
+            // Decode: one query a sequence, the first rows of q.
+            let decode_q = Problem {
+                q_lens: vec![1; p.seqs.len()],
+                q: p.q[..p.seqs.len() * hq * d].to_vec(),
+                hq,
+                cache: Cache {
+                    shape: p.cache.shape,
+                    k: p.cache.k.clone(),
+                    v: p.cache.v.clone(),
+                    free: Vec::new(),
+                },
+                seqs: p.seqs.clone(),
+            };
+            let (want, want_lse) = decode_q.reference(&p.seqs, true);
+            let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
+            let rows = p.seqs.len();
+            let mut out = gpu.upload(&poison_bf16(rows * hq * d)).unwrap();
+            let mut lse = gpu.upload(&poison_f32(rows * hq)).unwrap();
+            decode_attention(&gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
+            let out = wide(&gpu.download(&out).unwrap());
+            let lse: Vec<f64> = gpu
+                .download(&lse)
+                .unwrap()
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            assert_close(&format!("{name} decode"), &out, &want, BF16_TOL);
+            assert_close(&format!("{name} decode lse"), &lse, &want_lse, 1e-3);
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 mod common;
 
 use common::*;
-use kernels::paged::CacheShape;
+use kernels::paged::{CacheShape, Fp8CacheMut};
 use kernels::rope::{RopeStore, qk_norm_rope_store};
+use phase6_fp8::e4m3;
 
 /// A head's rotation: the frequency table, the position and the factor on cos and sin.
 struct Turn<'a> {
@@ -131,6 +132,62 @@ fn rope_store_matches_reference_for_each_head_dim() {
         }
         assert_close(&format!("rope q d{d}"), &q, &q_ref, BF16_TOL);
         assert_close(&format!("rope stored k/v d{d}"), &kv_got, &kv_ref, BF16_TOL);
+
+        // The same into an FP8 cache: every stored element is the nearest E4M3 code of
+        // value / scale (up to the f32 value's own rounding), and nothing else is written.
+        let (k_scale, v_scale) = (0.25f32, 0.5f32);
+        let mut c_k = gpu.upload(&vec![e4m3::NAN; shape.elements()]).unwrap();
+        let mut c_v = gpu.upload(&vec![e4m3::NAN; shape.elements()]).unwrap();
+        let mut d_q8 = gpu.upload(&poison_bf16(t * hq * d)).unwrap();
+        qk_norm_rope_store(
+            &gpu,
+            &d_qkv,
+            &args,
+            shape,
+            &mut d_q8,
+            &mut Fp8CacheMut {
+                codes: c_k.as_view_mut(),
+                scale: k_scale,
+            },
+            &mut Fp8CacheMut {
+                codes: c_v.as_view_mut(),
+                scale: v_scale,
+            },
+        )
+        .unwrap();
+        let (ck, cv) = (gpu.download(&c_k).unwrap(), gpu.download(&c_v).unwrap());
+        let mut refs = kv_ref.iter();
+        for (tok, &(page, off)) in slots.iter().enumerate().take(t) {
+            if page < 0 {
+                continue;
+            }
+            for kh in 0..hkv {
+                let at = shape.row_offset(page as usize, kh, off as usize);
+                for (codes, scale) in [(&ck, k_scale), (&cv, v_scale)] {
+                    for i in 0..d {
+                        let want = *refs.next().unwrap();
+                        let got = f64::from(e4m3::decode(codes[at + i]) * scale);
+                        // Half a step of 3 mantissa bits, the subnormals' step, and slack for
+                        // the kernel's f32 value against the f64 reference.
+                        let tol =
+                            want.abs() * (1.0 / 16.0 + 1e-3) + f64::from(scale) * 2f64.powi(-10);
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "fp8 d{d} token {tok} element {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        for (i, &w) in written.iter().enumerate() {
+            if !w {
+                assert_eq!(
+                    (ck[i], cv[i]),
+                    (e4m3::NAN, e4m3::NAN),
+                    "FP8 element {i} written"
+                );
+            }
+        }
         for (i, &w) in written.iter().enumerate() {
             if !w {
                 assert_eq!(

@@ -39,6 +39,12 @@ pub trait DeviceModel: Send {
 
     /// The weights this device holds (the RoPE table, what K/V copies turn keys with).
     fn weights(&self) -> &DeviceWeights;
+
+    /// Whether a step may be run again on this device alone (to retry a failed graph capture):
+    /// not when its steps exchange data with other devices, which would wait for a partner.
+    fn may_repeat_alone(&self) -> bool {
+        true
+    }
 }
 
 impl DeviceModel for DeviceWeights {
@@ -623,7 +629,7 @@ fn attention(
 }
 
 /// [`attention`] over one layer's K and V, as `layer` gives them.
-fn attend<'k, C: CacheRead>(
+fn attend<C: CacheRead>(
     gpu: &Gpu,
     m: &Dims,
     a: &mut Activations,

@@ -90,10 +90,26 @@ impl DecodeGraphs {
             staging.upload(gpu, &layout)?;
             let inputs = staging.inputs(&layout);
             // One eager run first: every kernel is loaded and cuBLAS has chosen its algorithms
-            // before anything is recorded.
-            model.forward(gpu, dims, act, kv, &inputs)?;
-            gpu.synchronize()?;
-            let graph = graph::capture(gpu, || model.forward(gpu, dims, act, kv, &inputs))?;
+            // before anything is recorded. A cuBLAS call was seen to fail now and then ("execution
+            // failed") while another thread of the process worked on the same GPU; the bucket is
+            // then tried again, when the model may repeat a step on its own.
+            let mut attempt = 0;
+            let graph = loop {
+                let tried = model
+                    .forward(gpu, dims, act, kv, &inputs)
+                    .and_then(|()| gpu.synchronize())
+                    .and_then(|()| {
+                        graph::capture(gpu, || model.forward(gpu, dims, act, kv, &inputs))
+                    });
+                match tried {
+                    Ok(graph) => break graph,
+                    Err(_) if attempt < 2 && model.may_repeat_alone() => {
+                        attempt += 1;
+                        let _ = gpu.synchronize();
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             buckets.push(Bucket {
                 size,
                 fingerprint: layout.fingerprint(),

@@ -116,9 +116,17 @@ fn fp8_cache_on_the_gpu_follows_the_cpu_reference() {
             let rel = rel_error(&rows[0], &want_rows[0]);
             let rel_bf16 = rel_error(&got_bf16, &want_f32);
             let rel_fp8_cost = rel_error(&want_rows[0], &want_f32);
+            let rel_gpu_cost = rel_error(&rows[0], &want_f32);
             say(format!(
-                "{name} (eager {eager}): FP8 GPU vs FP8 CPU rel {rel:.2e} (max abs {e:.3}); bf16 GPU vs f32 CPU rel {rel_bf16:.2e}; FP8 CPU vs f32 CPU rel {rel_fp8_cost:.2e}"
+                "{name} (eager {eager}): FP8 GPU vs FP8 CPU rel {rel:.2e} (max abs {e:.3}); bf16 GPU vs f32 CPU rel {rel_bf16:.2e}; FP8 CPU vs f32 CPU rel {rel_fp8_cost:.2e}; FP8 GPU vs f32 CPU rel {rel_gpu_cost:.2e}"
             ));
+            // The GPU pays what the reference says FP8 costs: no less (it quantizes) and no
+            // more (it quantizes the same way).
+            let ratio = rel_gpu_cost / rel_fp8_cost;
+            assert!(
+                (0.5..=2.0).contains(&ratio),
+                "{name}: FP8 cost on the GPU {rel_gpu_cost} vs {rel_fp8_cost}"
+            );
             // The GPU's own rounding (bf16 between kernels) plus keys that land on the other
             // side of an e4m3 rounding boundary: a few times the bf16 runner's error.
             assert!(

@@ -93,4 +93,9 @@ impl DeviceModel for RankModel {
     fn weights(&self) -> &DeviceWeights {
         &self.weights
     }
+
+    /// Every collective needs the other ranks: a step is never run by one rank alone.
+    fn may_repeat_alone(&self) -> bool {
+        false
+    }
 }
