@@ -9,12 +9,13 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
+use crate::access_log::Counts;
 use crate::openai;
 use crate::routes::AppState;
 use phase6_chunks::{ChunkFilter, ChunkInfo, ChunkType};
@@ -196,9 +197,13 @@ pub async fn delete(
 /// `POST /v1/chunks/generate`: `{"system_id", "context_ids", "query_id"}` and the fields of
 /// `/v1/completions`; answers as `/v1/completions` does, with the prompt tokens served from
 /// chunk K/V in `usage.prompt_tokens_details.cached_tokens`.
-pub async fn generate(State(app): State<AppState>, body: JsonBody) -> Result<Response, ApiError> {
+pub async fn generate(
+    State(app): State<AppState>,
+    Extension(counts): Extension<Counts>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
     let req = request::chunk_generation(&body, app.engine.info(), &app.request_limits)?;
-    openai::generate(&app, req, Endpoint::Completions).await
+    openai::generate(&app, req, Endpoint::Completions, counts).await
 }
 
 pub async fn stats(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {

@@ -14,6 +14,7 @@
 //! The only links between the two are channels: commands in, events out. A client that goes
 //! away drops its end of the event channel, which is how the engine learns to abort it.
 
+mod access_log;
 mod active;
 mod auth;
 mod body;
@@ -39,6 +40,7 @@ use std::time::Duration;
 use axum::Router;
 use tokio::net::{TcpListener, ToSocketAddrs};
 
+pub use access_log::AccessLog;
 pub use engine_thread::EngineHandle;
 pub use phase6_http::{Drained, Limits};
 pub use phase6_openai::{ApiError, EngineInfo, RequestLimits};
@@ -63,6 +65,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Web origins whose pages may call the server (`*`: any); none by default.
     pub allowed_origins: Vec<String>,
+    /// One line per request (`crate::access_log`); stderr by default.
+    pub access_log: AccessLog,
 }
 
 impl Default for ServeOptions {
@@ -75,6 +79,7 @@ impl Default for ServeOptions {
             requests: RequestLimits::default(),
             limits: Limits::default(),
             allowed_origins: Vec::new(),
+            access_log: AccessLog::default(),
         }
     }
 }
@@ -104,6 +109,7 @@ impl Server {
             body_timeout: options.body_timeout,
             request_limits: Arc::new(options.requests),
             allowed_origins: options.allowed_origins.into(),
+            access_log: options.access_log,
             started: openai::unix_now(),
         };
         Ok(Self {

@@ -4,11 +4,12 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
+use crate::access_log::Counts;
 use crate::engine_thread::{GenEvent, Generation};
 use crate::routes::AppState;
 use crate::sse;
@@ -24,18 +25,20 @@ pub fn unix_now() -> u64 {
 
 pub async fn completions(
     State(app): State<AppState>,
+    Extension(counts): Extension<Counts>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let req = request::completion(&body, app.engine.info(), &app.request_limits)?;
-    generate(&app, req, Endpoint::Completions).await
+    generate(&app, req, Endpoint::Completions, counts).await
 }
 
 pub async fn chat_completions(
     State(app): State<AppState>,
+    Extension(counts): Extension<Counts>,
     body: JsonBody,
 ) -> Result<Response, ApiError> {
     let req = request::chat(&body, app.engine.info(), &app.request_limits)?;
-    generate(&app, req, Endpoint::ChatCompletions).await
+    generate(&app, req, Endpoint::ChatCompletions, counts).await
 }
 
 /// The one model this server serves, as OpenAI describes a model.
@@ -81,6 +84,7 @@ pub async fn generate(
     app: &AppState,
     req: GenerationRequest,
     endpoint: Endpoint,
+    counts: Counts,
 ) -> Result<Response, ApiError> {
     if let Some(model) = &req.model
         && **model != *app.model_name
@@ -91,6 +95,7 @@ pub async fn generate(
         .engine
         .generate(req.prompt, req.params, req.max_tokens_set, req.stop)
         .await?;
+    counts.prompt(generation.admitted.prompt_tokens);
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::ChatCompletions => "chatcmpl",
@@ -103,15 +108,19 @@ pub async fn generate(
         return_token_ids: req.return_token_ids,
     };
     if req.stream {
-        Ok(sse::response(generation, shape, req.include_usage))
+        Ok(sse::response(generation, shape, req.include_usage, counts))
     } else {
-        collect(generation, shape).await
+        collect(generation, shape, counts).await
     }
 }
 
 /// Waits for the whole answer. If the client leaves first, this future is dropped with the
 /// receiver, and the engine thread aborts the request.
-async fn collect(mut generation: Generation, shape: ResponseShape) -> Result<Response, ApiError> {
+async fn collect(
+    mut generation: Generation,
+    shape: ResponseShape,
+    counts: Counts,
+) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
     while let Some(event) = generation.events.recv().await {
@@ -124,6 +133,7 @@ async fn collect(mut generation: Generation, shape: ResponseShape) -> Result<Res
                 reason,
                 completion_tokens,
             } => {
+                counts.add_completion(completion_tokens);
                 let usage = Usage::new(&generation.admitted, completion_tokens);
                 return Ok(Json(shape.complete(&text, &tokens, reason, usage)).into_response());
             }

@@ -15,6 +15,7 @@ use futures_util::stream;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::access_log::Counts;
 use crate::engine_thread::{GenEvent, Generation};
 use phase6_openai::{Admitted, ApiError, ResponseShape, Usage};
 
@@ -28,6 +29,8 @@ struct ChunkStream {
     shape: ResponseShape,
     admitted: Admitted,
     include_usage: bool,
+    /// The request's access-log record: the line is written once the stream is dropped.
+    counts: Counts,
     /// Frames made but not yet sent.
     ready: VecDeque<Bytes>,
     done: bool,
@@ -55,6 +58,7 @@ impl ChunkStream {
                 reason,
                 completion_tokens,
             }) => {
+                self.counts.add_completion(completion_tokens);
                 self.push(self.shape.finish_chunk(reason));
                 if self.include_usage {
                     self.push(
@@ -77,8 +81,14 @@ impl ChunkStream {
 }
 
 /// The streaming answer to an admitted request.
-pub fn response(generation: Generation, shape: ResponseShape, include_usage: bool) -> Response {
+pub fn response(
+    generation: Generation,
+    shape: ResponseShape,
+    include_usage: bool,
+    counts: Counts,
+) -> Response {
     let mut chunks = ChunkStream {
+        counts,
         events: generation.events,
         admitted: generation.admitted,
         include_usage,

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::ModelArgs;
 use phase6::Error;
-use phase6_server::{Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
+use phase6_server::{AccessLog, Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -92,6 +92,7 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         allowed_origins: args.allowed_origins.clone(),
+        access_log: AccessLog::stderr(),
         body_timeout: Duration::from_secs(args.body_timeout),
         requests: RequestLimits {
             max_stop_strings: args.max_stop_strings,

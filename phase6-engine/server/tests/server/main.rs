@@ -3,6 +3,7 @@
 //! leave mid-stream, a bounded load test, graceful shutdown, and the official `openai` Python
 //! client.
 
+mod access_log;
 mod api;
 mod chunks;
 mod disconnect;
