@@ -41,7 +41,8 @@ pub async fn start_with_blocks(blocks: i64, options: ServeOptions) -> TestServer
     start_on(config, options).await
 }
 
-async fn start_on(config: Config, options: ServeOptions) -> TestServer {
+/// A server over the engine settings given.
+pub async fn start_on(config: Config, options: ServeOptions) -> TestServer {
     let engine = tokio::task::spawn_blocking(move || {
         EngineHandle::spawn(move || cpu_chunk_llm(phase6::default_model_dir(), config))
     })

@@ -10,6 +10,7 @@ mod disconnect;
 mod errors;
 mod harness;
 mod load;
+mod max_model_len;
 mod misuse;
 mod openai_python;
 mod shutdown;
