@@ -5,6 +5,7 @@
 
 mod access_log;
 mod api;
+mod choices;
 mod chunks;
 mod disconnect;
 mod errors;
