@@ -15,10 +15,10 @@ use axum::response::Response;
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::access_log::Counts;
 use crate::openai;
 use crate::routes::AppState;
 use phase6_chunks::{ChunkFilter, ChunkInfo, ChunkType};
+use phase6_http::Counts;
 use phase6_openai::{ApiError, Endpoint, JsonBody, kind_of, request};
 
 fn unix_secs(t: SystemTime) -> u64 {

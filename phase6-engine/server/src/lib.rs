@@ -14,7 +14,6 @@
 //! The only links between the two are channels: commands in, events out. A client that goes
 //! away drops its end of the event channel, which is how the engine learns to abort it.
 
-mod access_log;
 mod active;
 mod auth;
 mod body;
@@ -40,9 +39,8 @@ use std::time::Duration;
 use axum::Router;
 use tokio::net::{TcpListener, ToSocketAddrs};
 
-pub use access_log::AccessLog;
 pub use engine_thread::EngineHandle;
-pub use phase6_http::{Drained, Limits};
+pub use phase6_http::{AccessLog, Drained, Limits};
 pub use phase6_openai::{ApiError, EngineInfo, RequestLimits};
 pub use stats::{EngineStats, FinishCounts};
 
@@ -65,7 +63,7 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Web origins whose pages may call the server (`*`: any); none by default.
     pub allowed_origins: Vec<String>,
-    /// One line per request (`crate::access_log`); stderr by default.
+    /// One line per request (`phase6_http::AccessLog`); stderr by default.
     pub access_log: AccessLog,
 }
 

@@ -9,12 +9,12 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use crate::access_log::Counts;
 use crate::engine_thread::{GenEvent, Generation, Submit};
 use crate::routes::AppState;
 use crate::sse;
 use futures_util::future::try_join_all;
 use phase0::TokenId;
+use phase6_http::Counts;
 use phase6_openai::{
     Admitted, ApiError, Choice, ChoiceLogprobs, Endpoint, GenerationRequest, JsonBody, PromptInput,
     ResponseShape, Usage, request,

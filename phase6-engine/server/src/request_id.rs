@@ -10,7 +10,7 @@ use axum::response::Response;
 
 use crate::routes::AppState;
 
-pub const HEADER: &str = "x-request-id";
+const HEADER: &str = "x-request-id";
 
 /// Requests answered so far: with the start time, a made-up id unique to this server's run.
 static COUNTER: AtomicU64 = AtomicU64::new(0);

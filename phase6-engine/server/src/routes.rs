@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::engine_thread::EngineHandle;
-use crate::{access_log, auth, chunks, cors, metrics, openai, request_id, tokenize};
+use crate::{auth, chunks, cors, metrics, openai, request_id, tokenize};
 use phase6_openai::ApiError;
 
 /// What every handler can reach.
@@ -29,7 +29,7 @@ pub struct AppState {
     pub started: u64,
     /// Origins allowed cross-origin access (`crate::cors`).
     pub allowed_origins: Arc<[String]>,
-    pub access_log: access_log::AccessLog,
+    pub access_log: phase6_http::AccessLog,
 }
 
 /// The endpoints behind the API key.
@@ -65,8 +65,8 @@ pub fn router(state: AppState) -> Router {
             request_id::tag,
         ))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
-            access_log::log,
+            state.access_log.clone(),
+            phase6_http::log,
         ))
         .with_state(state)
 }

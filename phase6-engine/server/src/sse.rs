@@ -17,9 +17,9 @@ use futures_util::stream::{self, BoxStream, SelectAll};
 use phase0::TokenId;
 use serde_json::Value;
 
-use crate::access_log::Counts;
 use crate::engine_thread::GenEvent;
 use crate::openai::{Started, usage};
+use phase6_http::Counts;
 use phase6_openai::{Admitted, ApiError, ChoiceLogprobs, ResponseShape};
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -1,4 +1,4 @@
-//! Chapter 6.3: one access-log line per request, on stderr by default: method, path, status,
+//! Chapter 6.3 (the connection layer): one access-log line per request, on stderr by default: method, path, status,
 //! the request's id, its prompt and completion tokens (for generations) and how long it took.
 //!
 //! A stream's status is known when its headers go out, but its completion tokens and its
@@ -15,8 +15,6 @@ use std::time::Instant;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-
-use crate::routes::AppState;
 
 /// Where the access log goes; clones write to the same place.
 #[derive(Clone)]
@@ -137,10 +135,14 @@ impl Drop for Record {
     }
 }
 
-/// Outside the request-id layer, so the answer already carries the id the line names.
-pub async fn log(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+/// The header that names a request (the server's request-id layer sets it on every answer).
+const REQUEST_ID: &str = "x-request-id";
+
+/// The middleware; install it outside the request-id layer, so the answer already carries
+/// the id the line names.
+pub async fn log(State(log): State<AccessLog>, mut req: Request, next: Next) -> Response {
     let record = Arc::new(Record {
-        log: app.access_log.clone(),
+        log,
         method: req.method().to_string(),
         path: req.uri().path().to_string(),
         start: Instant::now(),
@@ -154,7 +156,7 @@ pub async fn log(State(app): State<AppState>, mut req: Request, next: Next) -> R
     record
         .status
         .store(response.status().as_u16(), Ordering::Relaxed);
-    if let Some(id) = response.headers().get(crate::request_id::HEADER) {
+    if let Some(id) = response.headers().get(REQUEST_ID) {
         let _ = record
             .request_id
             .set(String::from_utf8_lossy(id.as_bytes()).into_owned());
