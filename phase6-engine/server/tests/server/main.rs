@@ -15,4 +15,5 @@ mod max_model_len;
 mod misuse;
 mod openai_python;
 mod shutdown;
+mod soak;
 mod timeouts;
