@@ -55,15 +55,7 @@ pub enum EnginePrompt {
 }
 
 pub struct GenerateJob {
-    pub prompt: EnginePrompt,
-    /// The request field the prompt came from, for error messages.
-    pub param: &'static str,
-    pub params: SamplingParams,
-    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
-    pub max_tokens_set: bool,
-    pub stop: Vec<String>,
-    /// Log-probabilities of each token and of this many alternatives.
-    pub logprobs: Option<usize>,
+    pub request: Submit,
     pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
     pub events: UnboundedSender<GenEvent>,
 }
@@ -86,13 +78,16 @@ pub enum GenEvent {
     Failed(ApiError),
 }
 
-/// A request for [`EngineHandle::submit`]: a [`GenerateJob`] without its channels.
+/// A request for the engine thread ([`EngineHandle::submit`]).
 pub struct Submit {
     pub prompt: EnginePrompt,
+    /// The request field the prompt came from, for error messages.
     pub param: &'static str,
     pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
     pub max_tokens_set: bool,
     pub stop: Vec<String>,
+    /// Log-probabilities of each token and of this many alternatives.
     pub logprobs: Option<usize>,
 }
 
@@ -237,12 +232,7 @@ impl EngineHandle {
         let admitted = self
             .call(|admitted| {
                 Command::Generate(GenerateJob {
-                    prompt: job.prompt,
-                    param: job.param,
-                    params: job.params,
-                    max_tokens_set: job.max_tokens_set,
-                    stop: job.stop,
-                    logprobs: job.logprobs,
+                    request: job,
                     admitted,
                     events: events_tx,
                 })
@@ -430,7 +420,8 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        match self.queue(job.prompt, job.param, job.params, job.max_tokens_set) {
+        let r = job.request;
+        match self.queue(r.prompt, r.param, r.params, r.max_tokens_set) {
             Err(e) => {
                 self.counters.rejected();
                 let _ = job.admitted.send(Err(e));
@@ -442,8 +433,8 @@ impl EngineLoop {
                     self.counters.ended(Ended::ClientGone);
                     return;
                 }
-                let stops = StopStrings::new(job.stop);
-                let logprobs = job.logprobs.and_then(|top| {
+                let stops = StopStrings::new(r.stop);
+                let logprobs = r.logprobs.and_then(|top| {
                     let handle = self.logprobs.clone()?;
                     handle.want(admitted.id, top);
                     Some(handle)

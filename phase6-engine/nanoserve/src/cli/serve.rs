@@ -7,7 +7,9 @@ use clap::Args;
 
 use super::ModelArgs;
 use phase6::Error;
-use phase6_server::{AccessLog, Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
+use phase6_server::{
+    AccessLog, Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server,
+};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
