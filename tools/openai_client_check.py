@@ -85,11 +85,66 @@ def main():
     except openai.BadRequestError as e:
         check("bad temperature raises", e.status_code == 400 and e.param == "temperature", e)
 
+    many = client.completions.create(
+        model=model, prompt=["ROMEO:", "JULIET:"], n=2, max_tokens=4, temperature=0
+    )
+    indexes = sorted(c.index for c in many.choices)
+    check("prompt list with n = 2", indexes == [0, 1, 2, 3], many)
+    check("n greedy choices agree", many.choices[0].text == many.choices[1].text, many)
+    check("n usage sums choices", many.usage.completion_tokens == 16, many.usage)
+
+    streamed = {}
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, n=2, stream=True
+    ):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    check("chat stream with n = 2", sorted(streamed) == [0, 1], streamed)
+
+    scored = client.completions.create(
+        model=model, prompt="ROMEO:", max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = scored.choices[0].logprobs
+    check(
+        "completions logprobs",
+        len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 4
+        and all(len(t) >= 2 for t in lp.top_logprobs),
+        lp,
+    )
+    chat_scored = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = chat_scored.choices[0].logprobs.content
+    check(
+        "chat logprobs",
+        len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content),
+        content,
+    )
+    lp_pieces = []
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, stream=True
+    ):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                lp_pieces.extend(e.token for e in c.logprobs.content)
+    check("chat stream logprobs", lp_pieces == [e.token for e in content], lp_pieces)
+
+    echoed = client.completions.create(
+        model=model, prompt="ROMEO:", max_tokens=4, temperature=0, echo=True
+    )
+    check("echo", echoed.choices[0].text.startswith("ROMEO:"), echoed)
+    pieces = []
+    for chunk in client.completions.create(
+        model=model, prompt="ROMEO:", max_tokens=4, temperature=0, echo=True, stream=True
+    ):
+        pieces.extend(c.text for c in chunk.choices)
+    check("echo stream", "".join(pieces) == echoed.choices[0].text, pieces)
+
     try:
-        client.completions.create(model=model, prompt="ROMEO:", n=2)
-        check("n = 2 raises", False, "no exception")
+        client.completions.create(model=model, prompt="ROMEO:", n=17)
+        check("n = 17 raises", False, "no exception")
     except openai.BadRequestError as e:
-        check("n = 2 raises", e.param == "n", e)
+        check("n = 17 raises", e.param == "n", e)
 
     try:
         client.completions.create(model="gpt-9", prompt="ROMEO:")

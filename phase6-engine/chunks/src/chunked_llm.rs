@@ -248,6 +248,20 @@ impl ChunkedLLM {
         self.register(id, content, None, chunk_type, metadata)
     }
 
+    /// [`ChunkedLLM::register_chunk`] for text whose tokens the caller already has (what the
+    /// model's tokenizer gives for `content`): the same chunk and id, but no tokenizing here, so
+    /// a caller that owns this model on a busy thread can tokenize on another.
+    pub fn register_chunk_tokenized(
+        &mut self,
+        content: &str,
+        tokens: Vec<TokenId>,
+        chunk_type: ChunkType,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        let id = chunk_hash(chunk_type, content.as_bytes(), None);
+        self.register(id, content, Some(tokens), chunk_type, metadata)
+    }
+
     /// Registers a chunk given as token ids (for models without a tokenizer, or text that was
     /// tokenized elsewhere); its id hashes the type and the ids.
     pub fn register_chunk_tokens(

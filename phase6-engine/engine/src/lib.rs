@@ -12,6 +12,7 @@ mod error;
 #[cfg(feature = "exercises")]
 pub mod exercises;
 mod llm;
+mod logprobs;
 mod prompt;
 mod runner;
 mod stream;
@@ -20,6 +21,7 @@ pub use config::{Config, Device, KvCacheDtype};
 pub use driver::{OneStepAtATime, StepDriver};
 pub use error::Error;
 pub use llm::{LLM, StepResult};
+pub use logprobs::{LogprobDriver, Logprobs, TokenLogprobs, token_logprobs};
 pub use phase0::{FinishReason, SamplingParams, SeqId, TokenId};
 pub use phase2::{ChatMessage, GenerationConfig, default_model_dir, models_dir};
 pub use prompt::{Output, ParamsList, Prompt};

@@ -8,15 +8,18 @@
 //! accepting), a request's headers within `header_timeout`, a client that accepts no byte of
 //! an answer for `idle_timeout` dropped, and a shutdown that drains for `shutdown_grace`
 //! before the caller ends what is left. [`stop_signal`] is the shutdown that `nanoserve serve`
-//! waits for: SIGINT or SIGTERM, whichever comes first.
+//! waits for: SIGINT or SIGTERM, whichever comes first. [`AccessLog`] writes one line per
+//! request, as a connection layer's log does.
 
 mod accept;
+mod access_log;
 mod signals;
 mod stall;
 
 use std::time::Duration;
 
 pub use accept::{Drained, serve};
+pub use access_log::{AccessLog, Counts, log};
 pub use signals::stop_signal;
 pub use stall::StallGuard;
 

@@ -41,6 +41,9 @@ pub struct EngineInfo {
     pub kv_capacity_tokens: usize,
     /// The model's sampling defaults, for the fields a request leaves out.
     pub generation_config: GenerationConfig,
+    /// Whether the backend gives log-probabilities (the CPU runner does; the CUDA runner
+    /// samples on the device and gives none).
+    pub logprobs: bool,
 }
 
 /// What the engine tells a request it took: its id and its prompt's size.
@@ -75,7 +78,10 @@ impl Finish {
 pub struct GenerationRequest {
     /// The model the client named, if it named one.
     pub model: Option<String>,
-    pub prompt: PromptInput,
+    /// One prompt, or (`/v1/completions`) a list: each gets `n` choices.
+    pub prompts: Vec<PromptInput>,
+    /// Choices per prompt.
+    pub n: usize,
     pub params: SamplingParams,
     /// Whether the client set `max_tokens` (else it is a default, cut to the room left).
     pub max_tokens_set: bool,
@@ -86,6 +92,32 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     /// Extension (as in vLLM): each choice and chunk carries the generated token ids.
     pub return_token_ids: bool,
+    /// Log-probabilities of each generated token and of this many alternatives.
+    pub logprobs: Option<usize>,
+    /// `/v1/completions`' `echo`: each choice's text starts with its prompt.
+    pub echo: bool,
+}
+
+impl GenerationRequest {
+    /// The parameters of choice `j` of a prompt. As vLLM does, a seeded request's choices
+    /// are seeded `seed`, `seed + 1`, ... so they differ yet each can be reproduced; without a
+    /// seed the engine gives each its own. Greedy choices are all the same.
+    pub fn params_of_choice(&self, j: usize) -> SamplingParams {
+        SamplingParams {
+            seed: self.params.seed.map(|s| s.wrapping_add(j as u64)),
+            ..self.params.clone()
+        }
+    }
+}
+
+/// One finished choice of an answer that did not stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub text: String,
+    pub tokens: Vec<TokenId>,
+    pub finish: Finish,
+    /// In the endpoint's shape (`crate::ChoiceLogprobs`), when asked for.
+    pub logprobs: Option<Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,25 +189,34 @@ impl ResponseShape {
         choice
     }
 
-    /// The whole answer of a request that did not stream.
-    pub fn complete(&self, text: &str, tokens: &[TokenId], finish: Finish, usage: Usage) -> Value {
-        let (object, choice) = match self.endpoint {
-            Endpoint::Completions => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()}),
-            ),
-            Endpoint::ChatCompletions => (
-                "chat.completion",
-                json!({
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": null,
-                    "finish_reason": finish.as_str(),
-                }),
-            ),
+    /// The whole answer of a request that did not stream: choice `i` has index `i`.
+    pub fn complete(&self, choices: Vec<Choice>, usage: Usage) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::ChatCompletions => "chat.completion",
         };
-        let choice = self.with_tokens(choice, tokens);
-        self.envelope(object, vec![choice], Some(usage))
+        let choices = choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let choice = match self.endpoint {
+                    Endpoint::Completions => json!({
+                        "index": index,
+                        "text": c.text,
+                        "logprobs": c.logprobs,
+                        "finish_reason": c.finish.as_str(),
+                    }),
+                    Endpoint::ChatCompletions => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": c.logprobs,
+                        "finish_reason": c.finish.as_str(),
+                    }),
+                };
+                self.with_tokens(choice, &c.tokens)
+            })
+            .collect();
+        self.envelope(object, choices, Some(usage))
     }
 
     fn chunk(&self, choices: Vec<Value>, usage: Option<Usage>) -> Value {
@@ -186,13 +227,13 @@ impl ResponseShape {
         self.envelope(object, choices, usage)
     }
 
-    /// The chunk a stream opens with: chat announces the assistant's role.
-    pub fn opening_chunk(&self) -> Option<Value> {
+    /// The chunk a choice's stream opens with: chat announces the assistant's role.
+    pub fn opening_chunk(&self, index: usize) -> Option<Value> {
         match self.endpoint {
             Endpoint::Completions => None,
             Endpoint::ChatCompletions => Some(self.chunk(
                 vec![json!({
-                    "index": 0,
+                    "index": index,
                     "delta": {"role": "assistant", "content": ""},
                     "logprobs": null,
                     "finish_reason": null,
@@ -202,31 +243,37 @@ impl ResponseShape {
         }
     }
 
-    /// A chunk with new text (and the token that completed it, when one did).
-    pub fn delta_chunk(&self, text: &str, token: Option<TokenId>) -> Value {
+    /// A chunk of choice `index` with new text, the tokens that made it and their
+    /// log-probabilities when asked for.
+    pub fn delta_chunk(
+        &self,
+        index: usize,
+        text: &str,
+        tokens: &[TokenId],
+        logprobs: Option<Value>,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Completions => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": null})
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": null})
             }
             Endpoint::ChatCompletions => json!({
-                "index": 0,
+                "index": index,
                 "delta": {"content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": null,
             }),
         };
-        let tokens: Vec<TokenId> = token.into_iter().collect();
-        self.chunk(vec![self.with_tokens(choice, &tokens)], None)
+        self.chunk(vec![self.with_tokens(choice, tokens)], None)
     }
 
-    /// The chunk that ends the choice, with its reason.
-    pub fn finish_chunk(&self, finish: Finish) -> Value {
+    /// The chunk that ends choice `index`, with its reason.
+    pub fn finish_chunk(&self, index: usize, finish: Finish) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Completions => {
-                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish.as_str()})
-            }
+            Endpoint::Completions => json!({
+                "index": index, "text": "", "logprobs": null, "finish_reason": finish.as_str(),
+            }),
             Endpoint::ChatCompletions => json!({
-                "index": 0,
+                "index": index,
                 "delta": {},
                 "logprobs": null,
                 "finish_reason": finish.as_str(),
@@ -262,13 +309,28 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: None,
         };
-        let v = shape(Endpoint::Completions).complete("ab", &[5, 6], Finish::Length, usage);
+        let choice = |text: &str, tokens: Vec<TokenId>, finish| Choice {
+            text: text.into(),
+            tokens,
+            finish,
+            logprobs: None,
+        };
+        let v = shape(Endpoint::Completions).complete(
+            vec![
+                choice("ab", vec![5, 6], Finish::Length),
+                choice("c", vec![7], Finish::Stop),
+            ],
+            usage,
+        );
+        assert_eq!(v["choices"][1]["index"], 1);
+        assert_eq!(v["choices"][1]["text"], "c");
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "ab");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["token_ids"], json!([5, 6]));
         assert_eq!(v["usage"]["total_tokens"], 5);
-        let v = shape(Endpoint::ChatCompletions).complete("ab", &[], Finish::Stop, usage);
+        let v = shape(Endpoint::ChatCompletions)
+            .complete(vec![choice("ab", vec![], Finish::Stop)], usage);
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -277,15 +339,15 @@ mod tests {
     #[test]
     fn chunks_have_the_openai_shape() {
         let chat = shape(Endpoint::ChatCompletions);
-        let open = chat.opening_chunk().unwrap();
+        let open = chat.opening_chunk(0).unwrap();
         assert_eq!(open["object"], "chat.completion.chunk");
         assert_eq!(open["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(
-            chat.delta_chunk("x", Some(9))["choices"][0]["delta"]["content"],
+            chat.delta_chunk(0, "x", &[9], None)["choices"][0]["delta"]["content"],
             "x"
         );
         assert_eq!(
-            chat.finish_chunk(Finish::Stop)["choices"][0]["delta"],
+            chat.finish_chunk(2, Finish::Stop)["choices"][0]["delta"],
             json!({})
         );
         let u = chat.usage_chunk(Usage {
@@ -297,10 +359,9 @@ mod tests {
         assert_eq!(u["choices"], json!([]));
         assert_eq!(u["usage"]["total_tokens"], 2);
         let text = shape(Endpoint::Completions);
-        assert!(text.opening_chunk().is_none());
-        assert_eq!(
-            text.delta_chunk("y", None)["choices"][0]["token_ids"],
-            json!([])
-        );
+        assert!(text.opening_chunk(0).is_none());
+        let delta = text.delta_chunk(3, "y", &[], None);
+        assert_eq!(delta["choices"][0]["token_ids"], json!([]));
+        assert_eq!(delta["choices"][0]["index"], 3);
     }
 }

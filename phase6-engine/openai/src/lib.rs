@@ -9,11 +9,14 @@ mod api_types;
 mod body;
 mod errors;
 mod limits;
+mod logprobs;
 pub mod request;
 
 pub use api_types::{
-    Admitted, Endpoint, EngineInfo, Finish, GenerationRequest, PromptInput, ResponseShape, Usage,
+    Admitted, Choice, Endpoint, EngineInfo, Finish, GenerationRequest, PromptInput, ResponseShape,
+    Usage,
 };
 pub use body::{JsonBody, kind_of};
 pub use errors::ApiError;
 pub use limits::RequestLimits;
+pub use logprobs::{ChoiceLogprobs, Entry};

@@ -13,6 +13,10 @@ pub struct RequestLimits {
     pub max_stop_string_bytes: usize,
     /// Context chunks one chunk generation may compose.
     pub max_context_ids: usize,
+    /// Choices one request may ask for per prompt (`n`).
+    pub max_n: usize,
+    /// Prompts in one `/v1/completions` request.
+    pub max_prompts: usize,
 }
 
 impl Default for RequestLimits {
@@ -21,6 +25,8 @@ impl Default for RequestLimits {
             max_stop_strings: 16,
             max_stop_string_bytes: 256,
             max_context_ids: 32,
+            max_n: 16,
+            max_prompts: 32,
         }
     }
 }
@@ -53,6 +59,32 @@ impl RequestLimits {
             ));
         }
         Ok(stops)
+    }
+
+    /// `n`, if at least 1 and at most `max_n`.
+    pub fn n(&self, n: u64) -> Result<usize, ApiError> {
+        if n == 0 || n > self.max_n as u64 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n = {n}: must be in 1..={}", self.max_n),
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    /// The prompts of a request, if there are few enough.
+    pub fn prompts<T>(&self, prompts: Vec<T>) -> Result<Vec<T>, ApiError> {
+        if prompts.len() > self.max_prompts {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "{} prompts: at most {} are allowed in one request",
+                    prompts.len(),
+                    self.max_prompts
+                ),
+            ));
+        }
+        Ok(prompts)
     }
 
     /// The context ids, if there are few enough and none repeats (a repeat would compute and
@@ -91,7 +123,12 @@ mod tests {
             max_stop_strings: 2,
             max_stop_string_bytes: 3,
             max_context_ids: 2,
+            max_n: 2,
+            max_prompts: 1,
         };
+        assert_eq!(l.n(2).unwrap(), 2);
+        assert!(l.n(3).is_err() && l.n(0).is_err());
+        assert!(l.prompts(vec![1, 2]).is_err());
         let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(l.stop_strings(s(&["a", "bcd"])).unwrap(), s(&["a", "bcd"]));
         assert!(l.stop_strings(s(&["a", "b", "c"])).is_err());

@@ -4,8 +4,8 @@
 //! cannot do as asked.
 //!
 //! Unknown fields are ignored, as OpenAI-compatible servers do. Known features this server
-//! lacks (`n` > 1, log-probabilities, penalties, tools) are refused instead: ignoring them
-//! would quietly give the client something else than it asked for.
+//! lacks (penalties, tools, `best_of`, log-probabilities of an echoed prompt) are refused
+//! instead: ignoring them would quietly give the client something else than it asked for.
 
 use phase0::{SamplingParams, TokenId};
 use phase2::ChatMessage;
@@ -24,12 +24,13 @@ const COMPLETION_MAX_TOKENS: usize = 16;
 /// OpenAI's range of `temperature`.
 const MAX_TEMPERATURE: f32 = 2.0;
 
-const UNSUPPORTED: [&str; 10] = [
+/// OpenAI's most alternatives per token: `logprobs` of `/v1/completions`, `top_logprobs` of chat.
+const MAX_COMPLETION_LOGPROBS: u64 = 5;
+const MAX_TOP_LOGPROBS: u64 = 20;
+
+const UNSUPPORTED: [&str; 7] = [
     "best_of",
-    "echo",
     "suffix",
-    "logprobs",
-    "top_logprobs",
     "logit_bias",
     "presence_penalty",
     "frequency_penalty",
@@ -44,16 +45,67 @@ pub fn completion(
     info: &EngineInfo,
     limits: &RequestLimits,
 ) -> Result<GenerationRequest, ApiError> {
-    let prompt = completion_prompt(body.raw("prompt"), info.vocab_size)?;
+    let prompts = limits.prompts(completion_prompts(body.raw("prompt"), info.vocab_size)?)?;
     let max_tokens = body.get::<usize>("max_tokens")?;
-    common(
+    let mut req = common(
         body,
-        prompt,
+        prompts,
         max_tokens,
         COMPLETION_MAX_TOKENS,
         info,
         limits,
-    )
+    )?;
+    req.logprobs = logprobs_on(info, completion_logprobs(body)?)?;
+    req.echo = body.get("echo")?.unwrap_or(false);
+    if req.echo && req.logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo with logprobs is not supported: this server does not compute the prompt's \
+             log-probabilities",
+        ));
+    }
+    Ok(req)
+}
+
+/// Log-probabilities asked of a backend that has none are a 400, never made-up numbers.
+fn logprobs_on(info: &EngineInfo, asked: Option<usize>) -> Result<Option<usize>, ApiError> {
+    if asked.is_some() && !info.logprobs {
+        return Err(ApiError::invalid(
+            "logprobs",
+            "logprobs are not available on this server's backend: the CUDA runner samples on \
+             the device and returns no log-probabilities (the CPU runner does)",
+        ));
+    }
+    Ok(asked)
+}
+
+/// `logprobs` of `/v1/completions` (and of chunk generations): how many alternatives.
+fn completion_logprobs(body: &JsonBody) -> Result<Option<usize>, ApiError> {
+    match body.get::<u64>("logprobs")? {
+        Some(k) if k > MAX_COMPLETION_LOGPROBS => Err(ApiError::invalid(
+            "logprobs",
+            format!("logprobs = {k}: must be in 0..={MAX_COMPLETION_LOGPROBS}"),
+        )),
+        k => Ok(k.map(|k| k as usize)),
+    }
+}
+
+/// Chat's `logprobs: true` and `top_logprobs`; the latter only with the former, as OpenAI
+/// requires.
+fn chat_logprobs(body: &JsonBody) -> Result<Option<usize>, ApiError> {
+    let asked = body.get::<bool>("logprobs")?.unwrap_or(false);
+    let top = body.get::<u64>("top_logprobs")?;
+    match top {
+        Some(k) if k > MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs = {k}: must be in 0..={MAX_TOP_LOGPROBS}"),
+        )),
+        Some(k) if k > 0 && !asked => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        _ => Ok(asked.then_some(top.unwrap_or(0) as usize)),
+    }
 }
 
 pub fn chat(
@@ -66,14 +118,16 @@ pub fn chat(
         Some(n) => Some(n),
         None => body.get::<usize>("max_tokens")?,
     };
-    common(
+    let mut req = common(
         body,
-        PromptInput::Chat(messages),
+        vec![PromptInput::Chat(messages)],
         max_tokens,
         info.max_model_len,
         info,
         limits,
-    )
+    )?;
+    req.logprobs = logprobs_on(info, chat_logprobs(body)?)?;
+    Ok(req)
 }
 
 /// `/v1/chunks/generate`: a composition of registered chunks by id, then the sampling fields
@@ -93,21 +147,29 @@ pub fn chunk_generation(
         query_id: required("query_id")?,
     };
     let max_tokens = body.get::<usize>("max_tokens")?;
-    common(
+    let mut req = common(
         body,
-        PromptInput::Chunks(composition),
+        vec![PromptInput::Chunks(composition)],
         max_tokens,
         COMPLETION_MAX_TOKENS,
         info,
         limits,
-    )
+    )?;
+    req.logprobs = logprobs_on(info, completion_logprobs(body)?)?;
+    if body.get::<bool>("echo")?.unwrap_or(false) {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo is not supported for generations from chunks",
+        ));
+    }
+    Ok(req)
 }
 
 /// The fields every generation shares; `max_tokens` is the request's, else the endpoint's
 /// default capped by the model's.
 fn common(
     body: &JsonBody,
-    prompt: PromptInput,
+    prompts: Vec<PromptInput>,
     max_tokens: Option<usize>,
     default_max_tokens: usize,
     info: &EngineInfo,
@@ -115,14 +177,7 @@ fn common(
 ) -> Result<GenerationRequest, ApiError> {
     refuse_unsupported(body)?;
     refuse_response_format(body.raw("response_format"))?;
-    if let Some(n) = body.get::<u64>("n")?
-        && n != 1
-    {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n = {n}: only n = 1 is supported"),
-        ));
-    }
+    let n = limits.n(body.get::<u64>("n")?.unwrap_or(1))?;
     let model = &info.generation_config;
     let defaults = model.default_sampling_params();
     let params = SamplingParams {
@@ -139,7 +194,7 @@ fn common(
     };
     params
         .validate()
-        .map_err(|e| ApiError::rejected(e.into(), prompt.param()))?;
+        .map_err(|e| ApiError::rejected(e.into(), prompts[0].param()))?;
     if params.temperature > MAX_TEMPERATURE {
         return Err(ApiError::invalid(
             "temperature",
@@ -151,13 +206,16 @@ fn common(
     }
     Ok(GenerationRequest {
         model: body.get("model")?,
-        prompt,
+        prompts,
+        n,
         params,
         max_tokens_set: max_tokens.is_some(),
         stop: limits.stop_strings(stop_strings(body.raw("stop"))?)?,
         stream: body.get("stream")?.unwrap_or(false),
         include_usage: include_usage(body.raw("stream_options"))?,
         return_token_ids: body.get("return_token_ids")?.unwrap_or(false),
+        logprobs: None,
+        echo: false,
     })
 }
 
@@ -325,23 +383,38 @@ pub fn token_ids(
         .collect()
 }
 
-/// A string, a list of token ids, or a list holding one of either.
-fn completion_prompt(prompt: Option<&Value>, vocab_size: usize) -> Result<PromptInput, ApiError> {
-    let one_only = |n: usize| {
-        ApiError::invalid(
-            "prompt",
-            format!("only one prompt per request is supported, got {n}"),
-        )
-    };
+/// A string, a list of token ids, or a list of either (one prompt each).
+fn completion_prompts(
+    prompt: Option<&Value>,
+    vocab_size: usize,
+) -> Result<Vec<PromptInput>, ApiError> {
     match prompt {
         None => Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(Value::String(s)) => Ok(PromptInput::Text(s.clone())),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [] => Err(ApiError::invalid("prompt", "the prompt is empty")),
-            [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
-            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids("prompt", ids, vocab_size)?)),
-            [Value::String(_) | Value::Array(_), ..] => Err(one_only(items.len())),
-            _ => Ok(PromptInput::Tokens(token_ids("prompt", items, vocab_size)?)),
+        Some(Value::String(s)) => Ok(vec![PromptInput::Text(s.clone())]),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(ApiError::invalid("prompt", "the prompt is empty")),
+            Some(Value::String(_) | Value::Array(_)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::String(s) => Ok(PromptInput::Text(s.clone())),
+                    Value::Array(ids) if !ids.is_empty() => Ok(PromptInput::Tokens(token_ids(
+                        &format!("prompt[{i}]"),
+                        ids,
+                        vocab_size,
+                    )?)),
+                    other => Err(ApiError::invalid(
+                        format!("prompt[{i}]"),
+                        format!(
+                            "prompt[{i}] must be a string or a non-empty list of token ids, not {}",
+                            kind_of(other)
+                        ),
+                    )),
+                })
+                .collect(),
+            Some(_) => Ok(vec![PromptInput::Tokens(token_ids(
+                "prompt", items, vocab_size,
+            )?)]),
         },
         Some(other) => Err(ApiError::invalid(
             "prompt",
@@ -438,6 +511,7 @@ mod tests {
             vocab_size: 50,
             kv_capacity_tokens: 1000,
             generation_config: GenerationConfig::default(),
+            logprobs: true,
         }
     }
 
@@ -465,7 +539,8 @@ mod tests {
             &RequestLimits::default(),
         )
         .unwrap();
-        assert_eq!(r.prompt, PromptInput::Text("hi".into()));
+        assert_eq!(r.prompts, vec![PromptInput::Text("hi".into())]);
+        assert_eq!((r.n, r.logprobs, r.echo), (1, None, false));
         assert_eq!(r.params.max_tokens, 16);
         assert_eq!(r.params.temperature, 1.0);
         assert!(!r.stream && r.stop.is_empty());
@@ -476,8 +551,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            r.prompt,
-            PromptInput::Chat(vec![ChatMessage::new("system", "ab")])
+            r.prompts,
+            vec![PromptInput::Chat(vec![ChatMessage::new("system", "ab")])]
         );
         assert_eq!(r.params.max_tokens, 100);
         assert_eq!(r.stop, vec!["x".to_string()]);
@@ -522,21 +597,34 @@ mod tests {
         let p = |json: &str| {
             completion(&body(json), &info(), &RequestLimits::default())
                 .unwrap()
-                .prompt
+                .prompts
         };
-        assert_eq!(p(r#"{"prompt": ["a"]}"#), PromptInput::Text("a".into()));
-        assert_eq!(p(r#"{"prompt": [1, 2]}"#), PromptInput::Tokens(vec![1, 2]));
-        assert_eq!(p(r#"{"prompt": [[3]]}"#), PromptInput::Tokens(vec![3]));
+        let text = |s: &str| PromptInput::Text(s.into());
+        assert_eq!(p(r#"{"prompt": ["a"]}"#), vec![text("a")]);
+        assert_eq!(
+            p(r#"{"prompt": [1, 2]}"#),
+            vec![PromptInput::Tokens(vec![1, 2])]
+        );
+        assert_eq!(
+            p(r#"{"prompt": [[3]]}"#),
+            vec![PromptInput::Tokens(vec![3])]
+        );
+        assert_eq!(
+            p(r#"{"prompt": ["a", [4, 5], "b"]}"#),
+            vec![text("a"), PromptInput::Tokens(vec![4, 5]), text("b")]
+        );
     }
 
     #[test]
     fn every_bad_field_is_named() {
         assert_eq!(param_of(r#"{}"#), "prompt");
         assert_eq!(param_of(r#"{"prompt": 5}"#), "prompt");
-        assert_eq!(param_of(r#"{"prompt": ["a", "b"]}"#), "prompt");
+        assert_eq!(param_of(r#"{"prompt": ["a", 3]}"#), "prompt[1]");
+        assert_eq!(param_of(r#"{"prompt": [[1], [60]]}"#), "prompt[1]");
         assert_eq!(param_of(r#"{"prompt": [1, 50]}"#), "prompt");
         assert_eq!(param_of(r#"{"prompt": [1, -1]}"#), "prompt");
-        assert_eq!(param_of(r#"{"prompt": "a", "n": 2}"#), "n");
+        assert_eq!(param_of(r#"{"prompt": "a", "n": 0}"#), "n");
+        assert_eq!(param_of(r#"{"prompt": "a", "n": 17}"#), "n");
         assert_eq!(
             param_of(r#"{"prompt": "a", "temperature": -1}"#),
             "temperature"
@@ -555,7 +643,22 @@ mod tests {
         assert_eq!(param_of(r#"{"prompt": "a", "stop": [""]}"#), "stop");
         assert_eq!(param_of(r#"{"prompt": "a", "stop": 3}"#), "stop");
         assert_eq!(param_of(r#"{"prompt": "a", "stream": "yes"}"#), "stream");
-        assert_eq!(param_of(r#"{"prompt": "a", "logprobs": 2}"#), "logprobs");
+        assert_eq!(param_of(r#"{"prompt": "a", "logprobs": 6}"#), "logprobs");
+        assert_eq!(param_of(r#"{"prompt": "a", "logprobs": true}"#), "logprobs");
+        assert_eq!(
+            param_of(r#"{"prompt": "a", "logprobs": 1, "echo": true}"#),
+            "echo"
+        );
+        assert_eq!(
+            param_of(r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#),
+            "top_logprobs"
+        );
+        assert_eq!(
+            param_of(
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#
+            ),
+            "top_logprobs"
+        );
         assert_eq!(param_of(r#"{"prompt": "a", "best_of": 3}"#), "best_of");
         assert_eq!(
             param_of(r#"{"prompt": "a", "stream_options": {"include_usage": 1}}"#),
@@ -570,6 +673,20 @@ mod tests {
             param_of(r#"{"messages": [{"role": "user", "content": 4}]}"#),
             "messages[0].content"
         );
+        let r = chat(
+            &body(r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 3, "n": 4}"#),
+            &info(),
+            &RequestLimits::default(),
+        )
+        .unwrap();
+        assert_eq!((r.logprobs, r.n), (Some(3), 4));
+        let gpu = EngineInfo {
+            logprobs: false,
+            ..info()
+        };
+        let asked = body(r#"{"prompt": "x", "logprobs": 0}"#);
+        let err = completion(&asked, &gpu, &RequestLimits::default()).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("logprobs"));
         // Defaults restated are fine.
         completion(
             &body(r#"{"prompt": "a", "n": 1, "best_of": 1, "logprobs": null, "echo": false}"#),

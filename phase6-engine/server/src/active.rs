@@ -5,9 +5,10 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use phase0::FinishReason;
+use phase0::{FinishReason, SeqId};
 use phase2::{StreamDecoder, Tokenizer};
 use phase5::StreamEvent;
+use phase6::Logprobs;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::engine_thread::GenEvent;
@@ -35,20 +36,27 @@ impl Ended {
 }
 
 pub struct Active {
+    id: SeqId,
     tokens: Receiver<StreamEvent>,
     events: UnboundedSender<GenEvent>,
     decoder: StreamDecoder,
     stops: StopStrings,
     completion_tokens: usize,
+    /// Where this request's log-probabilities come from, when it asked for them.
+    logprobs: Option<Logprobs>,
 }
 
 impl Active {
     pub fn new(
+        id: SeqId,
         tokens: Receiver<StreamEvent>,
         events: UnboundedSender<GenEvent>,
         stops: StopStrings,
+        logprobs: Option<Logprobs>,
     ) -> Self {
         Self {
+            id,
+            logprobs,
             tokens,
             events,
             decoder: StreamDecoder::new(true),
@@ -101,9 +109,11 @@ impl Active {
             Scan::Emit(text) => (text, false),
             Scan::Stopped(text) => (text, true),
         };
+        let logprobs = self.logprobs.as_ref().and_then(|l| l.take(self.id));
         let sent = self.send(GenEvent::Delta {
             text,
             token: Some(id),
+            logprobs,
         });
         if !sent {
             return Some(Ended::ClientGone);
@@ -132,6 +142,7 @@ impl Active {
             self.send(GenEvent::Delta {
                 text: rest,
                 token: None,
+                logprobs: None,
             });
         }
         self.send(GenEvent::Finished {
@@ -139,6 +150,13 @@ impl Active {
             completion_tokens: self.completion_tokens,
         });
         Ended::Finished(reason)
+    }
+
+    /// The request left: its log-probabilities not taken yet are dropped.
+    pub fn forget(&self) {
+        if let Some(l) = &self.logprobs {
+            l.forget(self.id);
+        }
     }
 
     pub fn fail(&self, e: ApiError) {

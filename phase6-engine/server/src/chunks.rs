@@ -3,22 +3,25 @@
 //! (`GET`/`DELETE /v1/chunks/{id}`), generate from a composition (`POST
 //! /v1/chunks/generate`, streamed or not) and the store's counters (`GET /v1/chunks/stats`).
 //!
-//! Registration, listing and deletion are quick calls into the model on the engine thread;
+//! Registration, listing and deletion are quick calls into the model on the engine thread (a
+//! chunk's text is tokenized before, on the request's own task, as a prompt is);
 //! a generation from chunks is queued like any other request and shares the batch.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
+use crate::engine_thread::EnginePrompt;
 use crate::openai;
 use crate::routes::AppState;
 use phase6_chunks::{ChunkFilter, ChunkInfo, ChunkType};
-use phase6_openai::{ApiError, Endpoint, JsonBody, kind_of, request};
+use phase6_http::Counts;
+use phase6_openai::{ApiError, Endpoint, JsonBody, PromptInput, kind_of, request};
 
 fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -47,9 +50,10 @@ fn chunk_type(param: &str, s: &str) -> Result<ChunkType, ApiError> {
     })
 }
 
-/// The text of a chunk, or its token ids (for text tokenized elsewhere).
+/// The text of a chunk with its token ids (computed on the request's task, like a prompt's),
+/// or token ids alone (for text tokenized elsewhere).
 enum Content {
-    Text(String),
+    Text(String, Vec<phase0::TokenId>),
     Tokens(Vec<phase0::TokenId>),
 }
 
@@ -87,7 +91,17 @@ pub async fn register(
         None => return Err(ApiError::invalid("chunk_type", "chunk_type is required")),
     };
     let content = match (body.get::<String>("content")?, body.raw("token_ids")) {
-        (Some(text), None) => Content::Text(text),
+        (Some(text), None) => {
+            let as_content = |e: ApiError| ApiError {
+                param: Some("content".into()),
+                ..e
+            };
+            let tokens = app.engine.tokenize(PromptInput::Text(text.clone()));
+            let EnginePrompt::Tokens(ids) = tokens.await.map_err(as_content)? else {
+                unreachable!("text becomes token ids")
+            };
+            Content::Text(text, ids)
+        }
         (None, Some(Value::Array(ids))) => Content::Tokens(request::token_ids(
             "token_ids",
             ids,
@@ -107,7 +121,7 @@ pub async fn register(
         }
     };
     let param = match content {
-        Content::Text(_) => "content",
+        Content::Text(..) => "content",
         Content::Tokens(_) => "token_ids",
     };
     let metadata = metadata(&body)?;
@@ -115,7 +129,7 @@ pub async fn register(
         .engine
         .with_model(move |m| {
             let id = match content {
-                Content::Text(text) => m.register_chunk(&text, kind, metadata),
+                Content::Text(text, ids) => m.register_chunk_tokenized(&text, ids, kind, metadata),
                 Content::Tokens(ids) => m.register_chunk_tokens(&ids, kind, metadata),
             }?;
             m.get_chunk(&id).map(|c| c.info)
@@ -196,9 +210,13 @@ pub async fn delete(
 /// `POST /v1/chunks/generate`: `{"system_id", "context_ids", "query_id"}` and the fields of
 /// `/v1/completions`; answers as `/v1/completions` does, with the prompt tokens served from
 /// chunk K/V in `usage.prompt_tokens_details.cached_tokens`.
-pub async fn generate(State(app): State<AppState>, body: JsonBody) -> Result<Response, ApiError> {
+pub async fn generate(
+    State(app): State<AppState>,
+    Extension(counts): Extension<Counts>,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
     let req = request::chunk_generation(&body, app.engine.info(), &app.request_limits)?;
-    openai::generate(&app, req, Endpoint::Completions).await
+    openai::generate(&app, req, Endpoint::Completions, counts).await
 }
 
 pub async fn stats(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {

@@ -29,8 +29,7 @@ use crate::active::{Active, Ended};
 use crate::stats::{Counters, EngineStats};
 use crate::stop::StopStrings;
 use phase2::Tokenizer;
-use phase6::Error;
-use phase6::Prompt;
+use phase6::{Device, Error, LogprobDriver, Logprobs, Prompt, TokenLogprobs};
 use phase6_chunks::{ChunkConfig, ChunkLLM, ChunkType, ChunkedLLM, Composition};
 use phase6_openai::request::fit_to_context;
 use phase6_openai::{Admitted, ApiError, EngineInfo, Finish, PromptInput};
@@ -48,20 +47,15 @@ pub enum Command {
 }
 
 /// A prompt as the engine thread takes it: already token ids (text and chats are tokenized by
-/// the request's own task, [`EngineHandle::generate`]), or chunks to compose.
+/// the request's own task, [`EngineHandle::tokenize`]), or chunks to compose.
+#[derive(Clone)]
 pub enum EnginePrompt {
     Tokens(Vec<TokenId>),
     Chunks(Composition),
 }
 
 pub struct GenerateJob {
-    pub prompt: EnginePrompt,
-    /// The request field the prompt came from, for error messages.
-    pub param: &'static str,
-    pub params: SamplingParams,
-    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
-    pub max_tokens_set: bool,
-    pub stop: Vec<String>,
+    pub request: Submit,
     pub admitted: oneshot::Sender<Result<Admitted, ApiError>>,
     pub events: UnboundedSender<GenEvent>,
 }
@@ -70,16 +64,31 @@ pub struct GenerateJob {
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenEvent {
     /// New text (possibly empty while a character or a possible stop string is incomplete)
-    /// and the token that produced it (`None` for held-back text released at the end).
+    /// and the token that produced it (`None` for held-back text released at the end), with
+    /// its log-probabilities when the request asked for them.
     Delta {
         text: String,
         token: Option<TokenId>,
+        logprobs: Option<TokenLogprobs>,
     },
     Finished {
         reason: Finish,
         completion_tokens: usize,
     },
     Failed(ApiError),
+}
+
+/// A request for the engine thread ([`EngineHandle::submit`]).
+pub struct Submit {
+    pub prompt: EnginePrompt,
+    /// The request field the prompt came from, for error messages.
+    pub param: &'static str,
+    pub params: SamplingParams,
+    /// Whether the client set `max_tokens` (see `phase6_openai::request::fit_to_context`).
+    pub max_tokens_set: bool,
+    pub stop: Vec<String>,
+    /// Log-probabilities of each token and of this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// An admitted request: its id, prompt size and the stream of its events.
@@ -130,7 +139,14 @@ impl EngineHandle {
                 let model =
                     build().and_then(|llm| ChunkedLLM::from_llm(llm, ChunkConfig::default()));
                 match model {
-                    Ok(model) => {
+                    Ok(mut model) => {
+                        // Log-probabilities need the logits on the host: the CPU runner's.
+                        let logprobs = (model.llm().device() == Device::Cpu).then(|| {
+                            let logprobs = Logprobs::default();
+                            let driver = LogprobDriver::new(logprobs.clone());
+                            model.llm_mut().set_driver(Box::new(driver));
+                            logprobs
+                        });
                         let llm = model.llm();
                         let pool = llm.kv_pool();
                         let info = EngineInfo {
@@ -138,10 +154,11 @@ impl EngineHandle {
                             kv_capacity_tokens: pool.num_pages() * pool.page_size(),
                             vocab_size: llm.model_config().vocab_size,
                             generation_config: llm.generation_config().clone(),
+                            logprobs: logprobs.is_some(),
                         };
                         let tokenizer = llm.tokenizer().cloned();
                         let _ = ready_tx.send(Ok((info.clone(), tokenizer)));
-                        EngineLoop::new(model, info, inbox).run();
+                        EngineLoop::new(model, info, logprobs, inbox).run();
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -208,25 +225,14 @@ impl EngineHandle {
         Ok(EnginePrompt::Tokens(ids))
     }
 
-    /// Queues a request; returns once the engine admitted it, or with why it did not.
-    pub async fn generate(
-        &self,
-        prompt: PromptInput,
-        params: SamplingParams,
-        max_tokens_set: bool,
-        stop: Vec<String>,
-    ) -> Result<Generation, ApiError> {
-        let param = prompt.param();
-        let prompt = self.tokenize(prompt).await?;
+    /// Queues a request whose prompt is tokenized ([`EngineHandle::tokenize`]); returns once
+    /// the engine admitted it, or with why it did not.
+    pub async fn submit(&self, job: Submit) -> Result<Generation, ApiError> {
         let (events_tx, events) = unbounded_channel();
         let admitted = self
             .call(|admitted| {
                 Command::Generate(GenerateJob {
-                    prompt,
-                    param,
-                    params,
-                    max_tokens_set,
-                    stop,
+                    request: job,
                     admitted,
                     events: events_tx,
                 })
@@ -309,13 +315,21 @@ struct EngineLoop {
     inbox: Receiver<Command>,
     active: HashMap<SeqId, Active>,
     counters: Counters,
+    /// Where the driver keeps log-probabilities (`None`: the backend gives none).
+    logprobs: Option<Logprobs>,
 }
 
 impl EngineLoop {
-    fn new(model: ChunkedLLM, info: EngineInfo, inbox: Receiver<Command>) -> Self {
+    fn new(
+        model: ChunkedLLM,
+        info: EngineInfo,
+        logprobs: Option<Logprobs>,
+        inbox: Receiver<Command>,
+    ) -> Self {
         Self {
             model,
             info,
+            logprobs,
             inbox,
             active: HashMap::new(),
             counters: Counters::new(Instant::now()),
@@ -406,7 +420,8 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, job: GenerateJob) {
-        match self.queue(job.prompt, job.param, job.params, job.max_tokens_set) {
+        let r = job.request;
+        match self.queue(r.prompt, r.param, r.params, r.max_tokens_set) {
             Err(e) => {
                 self.counters.rejected();
                 let _ = job.admitted.send(Err(e));
@@ -418,15 +433,24 @@ impl EngineLoop {
                     self.counters.ended(Ended::ClientGone);
                     return;
                 }
-                let stops = StopStrings::new(job.stop);
-                self.active
-                    .insert(admitted.id, Active::new(tokens, job.events, stops));
+                let stops = StopStrings::new(r.stop);
+                let logprobs = r.logprobs.and_then(|top| {
+                    let handle = self.logprobs.clone()?;
+                    handle.want(admitted.id, top);
+                    Some(handle)
+                });
+                self.active.insert(
+                    admitted.id,
+                    Active::new(admitted.id, tokens, job.events, stops, logprobs),
+                );
             }
         }
     }
 
     fn end(&mut self, id: SeqId, how: Ended) {
-        self.active.remove(&id);
+        if let Some(a) = self.active.remove(&id) {
+            a.forget();
+        }
         if how.needs_abort() {
             self.model.llm_mut().abort(id);
         }
@@ -489,8 +513,9 @@ impl EngineLoop {
 
     /// Ends every request in flight with `err` and gives their pages back.
     fn end_all(&mut self, err: ApiError) {
-        for (id, a) in self.active.drain() {
+        for (id, a) in std::mem::take(&mut self.active) {
             a.fail(err.clone());
+            a.forget();
             self.model.llm_mut().abort(id);
             self.counters.ended(Ended::Failed);
         }

@@ -40,7 +40,7 @@ use axum::Router;
 use tokio::net::{TcpListener, ToSocketAddrs};
 
 pub use engine_thread::EngineHandle;
-pub use phase6_http::{Drained, Limits};
+pub use phase6_http::{AccessLog, Drained, Limits};
 pub use phase6_openai::{ApiError, EngineInfo, RequestLimits};
 pub use stats::{EngineStats, FinishCounts};
 
@@ -63,6 +63,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Web origins whose pages may call the server (`*`: any); none by default.
     pub allowed_origins: Vec<String>,
+    /// One line per request (`phase6_http::AccessLog`); stderr by default.
+    pub access_log: AccessLog,
 }
 
 impl Default for ServeOptions {
@@ -75,6 +77,7 @@ impl Default for ServeOptions {
             requests: RequestLimits::default(),
             limits: Limits::default(),
             allowed_origins: Vec::new(),
+            access_log: AccessLog::default(),
         }
     }
 }
@@ -104,6 +107,7 @@ impl Server {
             body_timeout: options.body_timeout,
             request_limits: Arc::new(options.requests),
             allowed_origins: options.allowed_origins.into(),
+            access_log: options.access_log,
             started: openai::unix_now(),
         };
         Ok(Self {

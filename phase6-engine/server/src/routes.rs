@@ -29,6 +29,7 @@ pub struct AppState {
     pub started: u64,
     /// Origins allowed cross-origin access (`crate::cors`).
     pub allowed_origins: Arc<[String]>,
+    pub access_log: phase6_http::AccessLog,
 }
 
 /// The endpoints behind the API key.
@@ -62,6 +63,10 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             request_id::tag,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.access_log.clone(),
+            phase6_http::log,
         ))
         .with_state(state)
 }

@@ -7,7 +7,9 @@ use clap::Args;
 
 use super::ModelArgs;
 use phase6::Error;
-use phase6_server::{Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server};
+use phase6_server::{
+    AccessLog, Drained, EngineHandle, Limits, RequestLimits, ServeOptions, Server,
+};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -55,6 +57,15 @@ pub struct ServeArgs {
     /// Context chunks one /v1/chunks/generate may compose
     #[arg(long, default_value_t = RequestLimits::default().max_context_ids)]
     pub max_context_ids: usize,
+    /// Choices one request may ask for per prompt (`n`)
+    #[arg(long, default_value_t = RequestLimits::default().max_n)]
+    pub max_n: usize,
+    /// Prompts in one /v1/completions request (a list of prompts)
+    #[arg(long, default_value_t = RequestLimits::default().max_prompts)]
+    pub max_prompts: usize,
+    /// Write no access-log line (one per request on stderr by default)
+    #[arg(long)]
+    pub disable_access_log: bool,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -92,11 +103,18 @@ pub fn run(args: ServeArgs) -> Result<(), Error> {
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         allowed_origins: args.allowed_origins.clone(),
+        access_log: if args.disable_access_log {
+            AccessLog::off()
+        } else {
+            AccessLog::stderr()
+        },
         body_timeout: Duration::from_secs(args.body_timeout),
         requests: RequestLimits {
             max_stop_strings: args.max_stop_strings,
             max_stop_string_bytes: args.max_stop_string_bytes,
             max_context_ids: args.max_context_ids,
+            max_n: args.max_n,
+            max_prompts: args.max_prompts,
         },
         limits: Limits {
             max_connections: args.max_connections,

@@ -40,6 +40,14 @@ async fn chunks_register_list_generate_and_delete() {
     )
     .await;
     assert_eq!(a["token_count"], 25);
+    // Text is tokenized on the request's task, as /tokenize does it.
+    let (_, counted) = s
+        .post_json(
+            "/tokenize",
+            &json!({"prompt": "Two households, both alike in dignity,"}),
+        )
+        .await;
+    assert_eq!(text["token_count"], counted["count"]);
     assert_eq!(a["metadata"], json!({"source": "act1"}));
     // The same content again is the same chunk.
     let again = register(&s, json!({"chunk_type": "query", "token_ids": query})).await;

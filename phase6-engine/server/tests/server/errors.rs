@@ -52,7 +52,11 @@ async fn bad_requests_name_their_field() {
             json!({"prompt": "a", "seed": "x"}),
             Some("seed"),
         ),
-        ("/v1/completions", json!({"prompt": "a", "n": 2}), Some("n")),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "n": 17}),
+            Some("n"),
+        ),
         (
             "/v1/completions",
             json!({"prompt": "a", "stop": [1]}),
@@ -65,7 +69,7 @@ async fn bad_requests_name_their_field() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "a", "logprobs": 3}),
+            json!({"prompt": "a", "logprobs": 6}),
             Some("logprobs"),
         ),
         (
@@ -102,7 +106,7 @@ async fn bad_requests_name_their_field() {
         ),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x"}], "n": 3}),
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 0}),
             Some("n"),
         ),
     ];

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use phase6::{Config, Device};
 use phase6_chunks::cpu_chunk_llm;
-use phase6_server::{EngineHandle, ServeOptions, Server};
+use phase6_server::{Drained, EngineHandle, ServeOptions, Server};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 /// The engine settings of every test server: CPU, small pages, a short context so that an
 /// over-long prompt is cheap to send.
@@ -41,7 +43,22 @@ pub async fn start_with_blocks(blocks: i64, options: ServeOptions) -> TestServer
     start_on(config, options).await
 }
 
-async fn start_on(config: Config, options: ServeOptions) -> TestServer {
+/// A server over the engine settings given.
+pub async fn start_on(config: Config, options: ServeOptions) -> TestServer {
+    let (server, _, _) = start_stoppable(config, options).await;
+    server
+}
+
+/// A server that drains and stops, as at SIGTERM, when the sender fires (dropping it stops
+/// nothing); the task ends once it has.
+pub async fn start_stoppable(
+    config: Config,
+    options: ServeOptions,
+) -> (
+    TestServer,
+    oneshot::Sender<()>,
+    JoinHandle<std::io::Result<Drained>>,
+) {
     let engine = tokio::task::spawn_blocking(move || {
         EngineHandle::spawn(move || cpu_chunk_llm(phase6::default_model_dir(), config))
     })
@@ -50,11 +67,18 @@ async fn start_on(config: Config, options: ServeOptions) -> TestServer {
     .unwrap();
     let server = Server::bind("127.0.0.1:0", engine, options).await.unwrap();
     let base = format!("http://{}", server.local_addr().unwrap());
-    tokio::spawn(server.run());
-    TestServer {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(server.run_until(async move {
+        if stopped.await.is_ok() {
+            return;
+        }
+        std::future::pending::<()>().await
+    }));
+    let server = TestServer {
         base,
         client: Client::new(),
-    }
+    };
+    (server, stop, serving)
 }
 
 pub async fn start_default() -> TestServer {
