@@ -9,8 +9,7 @@
 //   once and used for all GH heads. The grid is as many blocks as the GPU holds at once.
 //   A token's K row of D bf16 is D/8 chunks of 16 bytes, so D/8 lanes ("a token group") read
 //   one token and a warp reads 32/(D/8) tokens side by side: 512 contiguous bytes of a page.
-//   (An FP8 row is D/16 chunks: a lane holds 16 dims, see LaneWidth.)
-//   Each lane keeps its own online-softmax state (max m, sum l, output acc over its dims);
+//   Each lane keeps its own online-softmax state (max m, sum l, output acc over its 8 dims);
 //   partial dot products are summed across the token group with shuffles.
 //   A warp issues the loads for UNROLL steps before using any of them, so 2 * UNROLL 16-byte
 //   loads per lane are in flight to hide memory latency.
@@ -48,42 +47,17 @@ __device__ __forceinline__ uint4 load_kv(const bf16* p) {
     return v;
 }
 
-// The same for an FP8 cache: 16 codes in 16 bytes.
+// The same for an FP8 cache: 8 codes (8 bytes), in the low half of the result.
 __device__ __forceinline__ uint4 load_kv(const unsigned char* p) {
-    return load_kv(reinterpret_cast<const bf16*>(p));
-}
-
-// 8 codes (8 bytes), in the low half of the result.
-__device__ __forceinline__ uint4 load_kv8(const unsigned char* p) {
     uint4 v = make_uint4(0, 0, 0, 0);
     asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
 
-// Elements of a K/V row one lane holds: one 16-byte load of bf16 (8) or of FP8 codes (16). With
-// 16 a lane keeps twice the query and output numbers, so head_dim 32 (where too few lanes
-// would share a row) and groups of 8 heads (registers) stay at 8.
-template <typename KV, int D, int GH>
-struct LaneWidth {
-    static constexpr int E = (KV::FP8 && D >= 64 && GH <= 4) ? 16 : 8;
-};
-
-// A lane's E cache elements as floats: bf16 as they are, FP8 codes times the scale.
-template <typename KV, int E>
-__device__ __forceinline__ uint4 load_lane(const typename KV::T* p) {
-    if constexpr (KV::FP8 && E == 8) {
-        return load_kv8(p);
-    } else {
-        return load_kv(p);
-    }
-}
-
-template <typename KV, int E>
-__device__ __forceinline__ void lane_to_float(const uint4 c, float out[E], float scale) {
-    if constexpr (KV::FP8 && E == 16) {
-        fp8_chunk_to_float(c, out, scale);
-        fp8_chunk_to_float(make_uint4(c.z, c.w, 0, 0), out + 8, scale);
-    } else if constexpr (KV::FP8) {
+// 8 cache elements as floats: bf16 as they are, FP8 codes times the scale.
+template <typename KV>
+__device__ __forceinline__ void kv_chunk_to_float(const uint4 c, float out[8], float scale) {
+    if constexpr (KV::FP8) {
         fp8_chunk_to_float(c, out, scale);
     } else {
         chunk_to_float(c, out);
@@ -91,7 +65,6 @@ __device__ __forceinline__ void lane_to_float(const uint4 c, float out[E], float
 }
 
 // Merges online-softmax state (mb, lb, accb) into (ma, la, acca); m in log2 units.
-template <int E>
 __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, float mb, float lb,
                                            const float* accb) {
     const float m = fmaxf(ma, mb);
@@ -99,7 +72,7 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
     const float wa = exp2f(ma - m), wb = exp2f(mb - m);
     la = la * wa + lb * wb;
 #pragma unroll
-    for (int i = 0; i < E; ++i) acca[i] = acca[i] * wa + accb[i] * wb;
+    for (int i = 0; i < 8; ++i) acca[i] = acca[i] * wa + accb[i] * wb;
     ma = m;
 }
 
@@ -123,8 +96,7 @@ __device__ __forceinline__ void decode_attention(
     float* __restrict__ part_lse, int num_seqs, int num_q_heads, int num_kv_heads,
     int page_size, int page_shift, int num_pages, float sm_scale, int min_range, float k_scale,
     float v_scale) {
-    constexpr int E = LaneWidth<KV, D, GH>::E;  // elements of a row a lane holds
-    constexpr int LPT = D / E;          // lanes per token
+    constexpr int LPT = D / 8;          // lanes per token
     constexpr int TPW = 32 / LPT;       // tokens a warp reads side by side
     constexpr int CH = TPW * DECODE_UNROLL;  // slots a warp handles per iteration
     static_assert(SLOT_ALIGN % CH == 0, "ranges must hold whole iterations");
@@ -175,26 +147,23 @@ __device__ __forceinline__ void decode_attention(
         const int u_end = (min(hi, last_end) + CH - 1) / CH;
 
         // The query chunk of each head, pre-scaled so that scores come out in log2 units.
-        float qf[GH][E];
+        float qf[GH][8];
 #pragma unroll
         for (int h = 0; h < GH; ++h) {
+            const uint4 c = *reinterpret_cast<const uint4*>(
+                q + ((size_t)seq * num_q_heads + head0 + h) * D + dc * 8);
+            chunk_to_float(c, qf[h]);
 #pragma unroll
-            for (int c8 = 0; c8 < E / 8; ++c8) {
-                const uint4 c = *reinterpret_cast<const uint4*>(
-                    q + ((size_t)seq * num_q_heads + head0 + h) * D + dc * E + c8 * 8);
-                chunk_to_float(c, qf[h] + c8 * 8);
-            }
-#pragma unroll
-            for (int i = 0; i < E; ++i) qf[h][i] *= scale;
+            for (int i = 0; i < 8; ++i) qf[h][i] *= scale;
         }
 
-        float m[GH], l[GH], acc[GH][E];
+        float m[GH], l[GH], acc[GH][8];
 #pragma unroll
         for (int h = 0; h < GH; ++h) {
             m[h] = neg_inf();
             l[h] = 0.f;
 #pragma unroll
-            for (int i = 0; i < E; ++i) acc[h][i] = 0.f;
+            for (int i = 0; i < 8; ++i) acc[h][i] = 0.f;
         }
 
         for (int u = u_begin + warp; u < u_end; u += DECODE_WARPS) {
@@ -212,8 +181,8 @@ __device__ __forceinline__ void decode_attention(
                     if (valid[uu]) {
                         const size_t row =
                             ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
-                        kc[uu] = load_lane<KV, E>(k_cache + row * D + dc * E);
-                        vc[uu] = load_lane<KV, E>(v_cache + row * D + dc * E);
+                        kc[uu] = load_kv(k_cache + row * D + dc * 8);
+                        vc[uu] = load_kv(v_cache + row * D + dc * 8);
                     }
                 }
                 if (!valid[uu]) kc[uu] = vc[uu] = make_uint4(0, 0, 0, 0);
@@ -222,13 +191,13 @@ __device__ __forceinline__ void decode_attention(
             float sc[DECODE_UNROLL][GH];
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
-                float kf[E];
-                lane_to_float<KV, E>(kc[uu], kf, k_scale);
+                float kf[8];
+                kv_chunk_to_float<KV>(kc[uu], kf, k_scale);
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     float part = 0.f;
 #pragma unroll
-                    for (int i = 0; i < E; ++i) part += qf[h][i] * kf[i];
+                    for (int i = 0; i < 8; ++i) part += qf[h][i] * kf[i];
 #pragma unroll
                     for (int o = LPT / 2; o > 0; o >>= 1)
                         part += __shfl_xor_sync(FULL_MASK, part, o);
@@ -245,34 +214,34 @@ __device__ __forceinline__ void decode_attention(
                 const float alpha = exp2f(m[h] - m_new);
                 l[h] *= alpha;
 #pragma unroll
-                for (int i = 0; i < E; ++i) acc[h][i] *= alpha;
+                for (int i = 0; i < 8; ++i) acc[h][i] *= alpha;
                 m[h] = m_new;
             }
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
-                float vf[E];
-                lane_to_float<KV, E>(vc[uu], vf, v_scale);
+                float vf[8];
+                kv_chunk_to_float<KV>(vc[uu], vf, v_scale);
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     const float p = m[h] == neg_inf() ? 0.f : exp2f(sc[uu][h] - m[h]);
                     l[h] += p;
 #pragma unroll
-                    for (int i = 0; i < E; ++i) acc[h][i] += p * vf[i];
+                    for (int i = 0; i < 8; ++i) acc[h][i] += p * vf[i];
                 }
             }
         }
 
-        // Merge the token groups of the warp: lanes with the same dc hold the same E dims.
+        // Merge the token groups of the warp: lanes with the same dc hold the same 8 dims.
 #pragma unroll
         for (int o = LPT; o < 32; o <<= 1) {
 #pragma unroll
             for (int h = 0; h < GH; ++h) {
-                float other[E];
+                float other[8];
 #pragma unroll
-                for (int i = 0; i < E; ++i) other[i] = __shfl_xor_sync(FULL_MASK, acc[h][i], o);
+                for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(FULL_MASK, acc[h][i], o);
                 const float mo = __shfl_xor_sync(FULL_MASK, m[h], o);
                 const float lo_ = __shfl_xor_sync(FULL_MASK, l[h], o);
-                merge_into<E>(m[h], l[h], acc[h], mo, lo_, other);
+                merge_into(m[h], l[h], acc[h], mo, lo_, other);
             }
         }
         // Then the warps, through shared memory.
@@ -284,7 +253,7 @@ __device__ __forceinline__ void decode_attention(
                     s_l[warp][h] = l[h];
                 }
 #pragma unroll
-                for (int i = 0; i < E; ++i) s_acc[warp][h][dc * E + i] = acc[h][i];
+                for (int i = 0; i < 8; ++i) s_acc[warp][h][dc * 8 + i] = acc[h][i];
             }
         }
         __syncthreads();
@@ -296,25 +265,20 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
             for (int h = 0; h < GH; ++h) {
                 for (int w = 1; w < DECODE_WARPS; ++w)
-                    merge_into<E>(m[h], l[h], acc[h], s_m[w][h], s_l[w][h], &s_acc[w][h][dc * E]);
+                    merge_into(m[h], l[h], acc[h], s_m[w][h], s_l[w][h], &s_acc[w][h][dc * 8]);
                 const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-                float y[E];
+                float y[8];
 #pragma unroll
-                for (int i = 0; i < E; ++i) y[i] = acc[h][i] * inv;
+                for (int i = 0; i < 8; ++i) y[i] = acc[h][i] * inv;
                 const float row_lse = l[h] > 0.f ? (m[h] + log2f(l[h])) * LN2 : neg_inf();
                 if (whole) {
                     const size_t row = (size_t)seq * num_q_heads + head0 + h;
-#pragma unroll
-                    for (int c8 = 0; c8 < E / 8; ++c8)
-                        *reinterpret_cast<uint4*>(out + row * D + dc * E + c8 * 8) =
-                            float_to_chunk(y + c8 * 8);
+                    *reinterpret_cast<uint4*>(out + row * D + dc * 8) = float_to_chunk(y);
                     if (lse != nullptr && dc == 0) lse[row] = row_lse;
                 } else {
-                    float* dst = part_o + ((size_t)piece * GH + h) * D + dc * E;
-#pragma unroll
-                    for (int i = 0; i < E; i += 4)
-                        *reinterpret_cast<float4*>(dst + i) =
-                            make_float4(y[i], y[i + 1], y[i + 2], y[i + 3]);
+                    float* dst = part_o + ((size_t)piece * GH + h) * D + dc * 8;
+                    *reinterpret_cast<float4*>(dst) = make_float4(y[0], y[1], y[2], y[3]);
+                    *reinterpret_cast<float4*>(dst + 4) = make_float4(y[4], y[5], y[6], y[7]);
                     if (dc == 0) part_lse[(size_t)piece * GH + h] = row_lse;
                 }
             }
