@@ -146,15 +146,23 @@ __device__ __forceinline__ void decode_attention(
         const int u_begin = lo / CH;
         const int u_end = (min(hi, last_end) + CH - 1) / CH;
 
-        // The query chunk of each head, pre-scaled so that scores come out in log2 units.
+        // The query chunk of each head, pre-scaled so that scores come out in log2 units. Over
+        // an FP8 cache the key scale is folded in too, and the query is also kept as f16 pairs:
+        // codes turn into f16 pairs in one instruction, and the dot product of 8 of them takes
+        // four paired multiply-adds (E4M3 values are exact in f16; the partial sum of 8 is
+        // rounded to f16's 11 bits, finer than the bf16 the rest of the step works in).
         float qf[GH][8];
+        __half2 qh[GH][4];
 #pragma unroll
         for (int h = 0; h < GH; ++h) {
             const uint4 c = *reinterpret_cast<const uint4*>(
                 q + ((size_t)seq * num_q_heads + head0 + h) * D + dc * 8);
             chunk_to_float(c, qf[h]);
+            const float qs = KV::FP8 ? scale * k_scale : scale;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) qf[h][i] *= scale;
+            for (int i = 0; i < 8; ++i) qf[h][i] *= qs;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qh[h][i] = __floats2half2_rn(qf[h][2 * i], qf[h][2 * i + 1]);
         }
 
         float m[GH], l[GH], acc[GH][8];
@@ -192,12 +200,28 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float kf[8];
-                kv_chunk_to_float<KV>(kc[uu], kf, k_scale);
+                __half2 kh[4];
+                if constexpr (KV::FP8) {
+                    const unsigned short* pairs = reinterpret_cast<const unsigned short*>(&kc[uu]);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        kh[i] = __half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3));
+                } else {
+                    chunk_to_float(kc[uu], kf);
+                }
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     float part = 0.f;
+                    if constexpr (KV::FP8) {
+                        __half2 s2 = __hmul2(qh[h][0], kh[0]);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) part += qf[h][i] * kf[i];
+                        for (int i = 1; i < 4; ++i) s2 = __hfma2(qh[h][i], kh[i], s2);
+                        const float2 f = __half22float2(s2);
+                        part = f.x + f.y;
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) part += qf[h][i] * kf[i];
+                    }
 #pragma unroll
                     for (int o = LPT / 2; o > 0; o >>= 1)
                         part += __shfl_xor_sync(FULL_MASK, part, o);
@@ -220,7 +244,8 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
             for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float vf[8];
-                kv_chunk_to_float<KV>(vc[uu], vf, v_scale);
+                // The value scale is applied once, to the output.
+                kv_chunk_to_float<KV>(vc[uu], vf, 1.f);
 #pragma unroll
                 for (int h = 0; h < GH; ++h) {
                     const float p = m[h] == neg_inf() ? 0.f : exp2f(sc[uu][h] - m[h]);
@@ -266,7 +291,7 @@ __device__ __forceinline__ void decode_attention(
             for (int h = 0; h < GH; ++h) {
                 for (int w = 1; w < DECODE_WARPS; ++w)
                     merge_into(m[h], l[h], acc[h], s_m[w][h], s_l[w][h], &s_acc[w][h][dc * 8]);
-                const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+                const float inv = (l[h] > 0.f ? 1.f / l[h] : 0.f) * (KV::FP8 ? v_scale : 1.f);
                 float y[8];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) y[i] = acc[h][i] * inv;
