@@ -98,10 +98,7 @@ __device__ __forceinline__ void decode_attention(
     float v_scale) {
     constexpr int LPT = D / 8;          // lanes per token
     constexpr int TPW = 32 / LPT;       // tokens a warp reads side by side
-    // An FP8 lane's loads are 8 bytes: twice as many tokens a step keep as many bytes in flight
-    // (head_dim 32 keeps 4: its warp would take more slots than a range holds).
-    constexpr int UNROLL = (KV::FP8 && D >= 64) ? 2 * DECODE_UNROLL : DECODE_UNROLL;
-    constexpr int CH = TPW * UNROLL;  // slots a warp handles per iteration
+    constexpr int CH = TPW * DECODE_UNROLL;  // slots a warp handles per iteration
     static_assert(SLOT_ALIGN % CH == 0, "ranges must hold whole iterations");
     __shared__ float s_m[DECODE_WARPS][GH], s_l[DECODE_WARPS][GH];
     __shared__ __align__(16) float s_acc[DECODE_WARPS][GH][D];
@@ -178,11 +175,11 @@ __device__ __forceinline__ void decode_attention(
         }
 
         for (int u = u_begin + warp; u < u_end; u += DECODE_WARPS) {
-            uint4 kc[UNROLL], vc[UNROLL];
-            bool valid[UNROLL];
+            uint4 kc[DECODE_UNROLL], vc[DECODE_UNROLL];
+            bool valid[DECODE_UNROLL];
             // Issue every load of this iteration first...
 #pragma unroll
-            for (int uu = 0; uu < UNROLL; ++uu) {
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 const int slot = u * CH + uu * TPW + ts;
                 const int e = slot >> page_shift, offset = slot & (page_size - 1);
                 valid[uu] = false;
@@ -199,9 +196,9 @@ __device__ __forceinline__ void decode_attention(
                 if (!valid[uu]) kc[uu] = vc[uu] = make_uint4(0, 0, 0, 0);
             }
             // ...then use them: scores of every (token, head), summed over the token group.
-            float sc[UNROLL][GH];
+            float sc[DECODE_UNROLL][GH];
 #pragma unroll
-            for (int uu = 0; uu < UNROLL; ++uu) {
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float kf[8];
                 __half2 kh[4];
                 if constexpr (KV::FP8) {
@@ -236,7 +233,7 @@ __device__ __forceinline__ void decode_attention(
             for (int h = 0; h < GH; ++h) {
                 float m_new = m[h];
 #pragma unroll
-                for (int uu = 0; uu < UNROLL; ++uu) m_new = fmaxf(m_new, sc[uu][h]);
+                for (int uu = 0; uu < DECODE_UNROLL; ++uu) m_new = fmaxf(m_new, sc[uu][h]);
                 if (m_new == neg_inf()) continue;
                 const float alpha = exp2f(m[h] - m_new);
                 l[h] *= alpha;
@@ -245,7 +242,7 @@ __device__ __forceinline__ void decode_attention(
                 m[h] = m_new;
             }
 #pragma unroll
-            for (int uu = 0; uu < UNROLL; ++uu) {
+            for (int uu = 0; uu < DECODE_UNROLL; ++uu) {
                 float vf[8];
                 // The value scale is applied once, to the output.
                 kv_chunk_to_float<KV>(vc[uu], vf, 1.f);
