@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::Path;
 
 use phase1::{BlockTable, KvPool};
+use phase2::sampler::argmax;
 use phase2::{ForwardBatch, ForwardSeq, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir};
 use phase6_cuda::{CudaOptions, CudaRunner};
 use phase6_tp::check_split;
@@ -92,16 +93,6 @@ fn greedy(runner: &mut dyn ModelRunner, prompt: &[u32], steps: usize) -> (Vec<Ve
         tokens.push(next);
     }
     (logits, tokens)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 const FIXTURES: [&str; 3] = ["qwen2-bias", "llama32-tied-llama3", "qwen3-yarn"];
