@@ -2,7 +2,7 @@
 //! f32 runner on the embedded model, the fixture models and random-weight configurations.
 //! Prints Markdown tables (the ones in book/ch06-6-fp8.md and BENCHMARKS.md):
 //!
-//! `cargo run -p phase6-fp8 --release --example accuracy` (about N minutes on 2 cores);
+//! `cargo run -p phase6-fp8 --release --example accuracy` (about 15 minutes on 2 cores);
 //! `-- --quick` measures a few short prompts of the embedded model only (seconds).
 //!
 //! For each runner with FP8 K/V, scales 1.0 and scales calibrated from the first prefill:

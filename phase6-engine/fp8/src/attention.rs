@@ -117,7 +117,7 @@ fn rounded_pages(input: &LayerAttention, scales: KvScales) -> (KvStore, ForwardB
             .collect();
         BlockTable::from_pages(pages, table.num_tokens())
     };
-    let seqs = input
+    let seqs: Vec<ForwardSeq> = input
         .batch
         .seqs
         .iter()
