@@ -6,6 +6,7 @@
 
 use phase0::TokenId;
 use phase1::{BlockTable, KvPool};
+pub use phase2::sampler::argmax;
 use phase2::{Error, ForwardBatch, ForwardSeq, ModelRunner, SampleSpec};
 
 /// `‖a − b‖ / ‖b‖`: the size of the error relative to the size of the reference `b`.
@@ -59,17 +60,6 @@ impl<'a> Sequences<'a> {
 pub fn prefill_logits(runner: &mut dyn ModelRunner, prompt: &[TokenId]) -> Result<Vec<f32>, Error> {
     let mut seqs = Sequences::new(runner, 1)?;
     Ok(seqs.step(&[prompt.to_vec()])?.remove(0))
-}
-
-/// The index of the largest logit (the first of equals).
-pub fn argmax(row: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as TokenId
 }
 
 /// `steps` greedy tokens after `prompt`.

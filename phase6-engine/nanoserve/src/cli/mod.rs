@@ -86,7 +86,7 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 1024)]
     pub cpu_kv_cache_mib: usize,
     /// How K/V is stored: auto (f32 on the CPU, bf16 on a GPU), or fp8 / fp8_e4m3 (8-bit
-    /// floats with per-layer scales; the CPU runner only so far)
+    /// floats with per-layer scales: half the bytes a token on a GPU)
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: String,
     /// Most prompt tokens per request per step (0: whole prompts)
