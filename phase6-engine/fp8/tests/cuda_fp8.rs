@@ -1,6 +1,6 @@
 //! The CUDA runner's FP8 K/V cache against this chapter's CPU reference (the same arithmetic in
 //! f32): prefill logits and greedy tokens on fixture models, through the decode kernel and the
-//! graphs; the pages an FP8 cache gets from the same memory; K/V copies. The GPU computes in
+//! graphs; the pages an FP8 cache gets from the same memory; K/V copies and a shared prefix. The GPU computes in
 //! bf16, so greedy tokens are compared up to the first near-tie, as the CUDA runner's own tests
 //! do: two logits each off by at most `e` trade places only if their gap is under `2e`; the
 //! tolerance is `4e`, `e` the largest logit error of the prefill. Without a GPU each test says
@@ -8,8 +8,11 @@
 
 use std::io::Write;
 
-use phase1::KvDtype;
-use phase2::{Model, ModelConfig, ModelRunner, Weights, models_dir};
+use phase1::{BlockTable, KvDtype, KvPool};
+use phase2::{
+    ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir,
+};
+use phase6_chunks::ChunkRunner;
 use phase6_cuda::{CudaOptions, CudaRunner};
 use phase6_fp8::Fp8CpuRunner;
 use phase6_fp8::measure::{Sequences, argmax, prefill_logits, rel_error};
@@ -173,4 +176,93 @@ fn the_same_memory_holds_twice_the_pages() {
         fp8.num_pages()
     );
     assert_eq!(fp8.kv_layout().dtype, KvDtype::Fp8E4m3);
+}
+
+/// A new segment of `n` token slots from `pool`.
+fn segment(pool: &mut KvPool, n: usize) -> BlockTable {
+    let mut t = BlockTable::new();
+    t.append_tokens(pool, n).unwrap();
+    t
+}
+
+fn tokens(n: usize, from: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (from + 41 * i) % 2000 + 5).collect()
+}
+
+/// The chunk API on an FP8 cache: K/V prefilled at position 0, moved behind a prefix with a
+/// RoPE turn (`copy_kv`: read, turn, round again), then attended, as the CPU reference does; and
+/// two sequences sharing the prefix in one step (which the runner attends as a cascade group).
+#[test]
+fn fp8_chunks_move_and_share_like_the_cpu_reference() {
+    if !have_gpu() {
+        return;
+    }
+    let (config, weights) = load("tiny-shakespeare");
+    let model = Model::from_weights(config.clone(), &weights).unwrap();
+    let mut gpu = CudaRunner::new(&config, &weights, options(KvDtype::Fp8E4m3, true)).unwrap();
+    let mut cpu = Fp8CpuRunner::new(model, 160, 16, false);
+    let mut pool = KvPool::new(160, 16).unwrap();
+    let (prefix, own) = (segment(&mut pool, 30), segment(&mut pool, 40));
+    let (moved, unturned) = (segment(&mut pool, 40), segment(&mut pool, 40));
+    let prefill = |r: &mut dyn ModelRunner, kv: Vec<BlockTable>, toks: Vec<u32>, start: usize| {
+        let seq = ForwardSeq {
+            seq_id: 9,
+            tokens: toks,
+            start_pos: start,
+            kv,
+            sample: None,
+        };
+        r.forward(&ForwardBatch { seqs: vec![seq] }).unwrap();
+    };
+    for r in [&mut gpu as &mut dyn ModelRunner, &mut cpu] {
+        prefill(r, vec![prefix.clone()], tokens(30, 1), 0);
+        prefill(r, vec![own.clone()], tokens(40, 2), 0);
+    }
+    cpu.copy_kv(&own, &moved, 30).unwrap();
+    gpu.copy_kv(&own, &moved, 30).unwrap();
+    gpu.copy_kv(&own, &unturned, 0).unwrap();
+    let after = |context: &BlockTable, pool: &mut KvPool, id: u64| ForwardSeq {
+        seq_id: id,
+        tokens: tokens(3, 3 + id as u32),
+        start_pos: 70,
+        kv: vec![prefix.clone(), context.clone(), segment(pool, 3)],
+        sample: Some(SampleSpec::greedy()),
+    };
+    let seq = after(&moved, &mut pool, 0);
+    let one = |s: &ForwardSeq| ForwardBatch {
+        seqs: vec![s.clone()],
+    };
+    let want = cpu.forward(&one(&seq)).unwrap().data;
+    let got = gpu.forward(&one(&seq)).unwrap().data;
+    let wrong = gpu
+        .forward(&one(&after(&unturned, &mut pool, 0)))
+        .unwrap()
+        .data;
+    let (rel, rel_wrong) = (rel_error(&got, &want), rel_error(&wrong, &want));
+    say(format!(
+        "moved FP8 K/V vs the CPU reference: rel {rel:.2e}; without the turn {rel_wrong:.2e}"
+    ));
+    // The embedded model's FP8 GPU-vs-reference error on a whole prompt is 8e-3.
+    assert!(rel < 3e-2, "{rel}");
+    assert!(rel_wrong > 3.0 * rel, "{rel_wrong} vs {rel}");
+
+    // Two sequences behind the shared prefix, in one step.
+    let (a, b) = (segment(&mut pool, 20), segment(&mut pool, 25));
+    let shared = |own: &BlockTable, id: u64, n: usize| ForwardSeq {
+        seq_id: id,
+        tokens: tokens(n, 7 + id as u32),
+        start_pos: 30,
+        kv: vec![prefix.clone(), own.clone()],
+        sample: Some(SampleSpec::greedy()),
+    };
+    let batch = ForwardBatch {
+        seqs: vec![shared(&a, 1, 20), shared(&b, 2, 25)],
+    };
+    let want = cpu.forward(&batch).unwrap();
+    let got = gpu.forward(&batch).unwrap();
+    for i in 0..2 {
+        let rel = rel_error(got.row(i), want.row(i));
+        say(format!("shared prefix, sequence {i}: rel {rel:.2e}"));
+        assert!(rel < 3e-2, "sequence {i}: {rel}");
+    }
 }
