@@ -60,9 +60,9 @@ struct KvFp8 {
     static __device__ __forceinline__ float get(const T* p, int i, float scale) {
         return decode(p[i]) * scale;
     }
-    // `inv_scale` is 1 / scale.
-    static __device__ __forceinline__ void put(T* p, int i, float x, float inv_scale) {
-        p[i] = __nv_cvt_float_to_fp8(x * inv_scale, __NV_SATFINITE, __NV_E4M3);
+    // The code of x / scale, divided exactly as `e4m3::encode(x / scale)` on the host.
+    static __device__ __forceinline__ void put(T* p, int i, float x, float scale) {
+        p[i] = __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
     }
 };
 

@@ -149,8 +149,8 @@ __device__ __forceinline__ void decode_attention(
         // The query chunk of each head, pre-scaled so that scores come out in log2 units. Over
         // an FP8 cache the key scale is folded in too, and the query is also kept as f16 pairs:
         // codes turn into f16 pairs in one instruction, and the dot product of 8 of them takes
-        // four paired multiply-adds (E4M3 values are exact in f16; the partial sum of 8 is
-        // rounded to f16's 11 bits, finer than the bf16 the rest of the step works in).
+        // four paired multiply-adds (E4M3 values are exact in f16; each multiply-add of the two
+        // running sums of 4 rounds to f16's 11 bits, finer than the bf16 the step works in).
         float qf[GH][8];
         __half2 qh[GH][4];
 #pragma unroll

@@ -41,15 +41,15 @@ __device__ __forceinline__ void rope_angles(RopeAngles<D>& a, float position,
 }
 
 // One head: optional RMSNorm, then the rotation by `angles` (none when it is null). `src` is
-// read as `In` elements (times `in_scale` when FP8), `dst` written as `Out` elements (times
-// `out_inv_scale` before rounding when FP8).
+// read as `In` elements (times `in_scale` when FP8), `dst` written as `Out` elements (divided
+// by `out_scale` before rounding when FP8).
 template <int D, typename In, typename Out>
 __device__ __forceinline__ void rope_head(const typename In::T* __restrict__ src,
                                           typename Out::T* __restrict__ dst,
                                           const bf16* __restrict__ norm_w,
                                           float eps,
                                           const RopeAngles<D>* angles,
-                                          float in_scale, float out_inv_scale) {
+                                          float in_scale, float out_scale) {
     constexpr int HALF = D / 2;
     constexpr int PAIRS = (HALF + 31) / 32;  // pairs per lane
     const int lane = threadIdx.x & 31;
@@ -83,8 +83,8 @@ __device__ __forceinline__ void rope_head(const typename In::T* __restrict__ src
             x1 = a[j] * c - b[j] * s;
             x2 = b[j] * c + a[j] * s;
         }
-        Out::put(dst, p, x1, out_inv_scale);
-        Out::put(dst, p + HALF, x2, out_inv_scale);
+        Out::put(dst, p, x1, out_scale);
+        Out::put(dst, p + HALF, x2, out_scale);
     }
 }
 
@@ -128,9 +128,9 @@ __device__ __forceinline__ void qk_norm_rope_store(const bf16* __restrict__ qkv,
     const int kv_head = is_k ? head - num_q_heads : head - num_q_heads - num_kv_heads;
     const size_t row = ((size_t)page * num_kv_heads + kv_head) * page_size + offset;
     if (is_k) {
-        rope_head<D, KvBf16, KV>(src, k_cache + row * D, k_norm_w, eps, &angles, 1.f, 1.f / k_scale);
+        rope_head<D, KvBf16, KV>(src, k_cache + row * D, k_norm_w, eps, &angles, 1.f, k_scale);
     } else {
-        rope_head<D, KvBf16, KV>(src, v_cache + row * D, nullptr, eps, nullptr, 1.f, 1.f / v_scale);
+        rope_head<D, KvBf16, KV>(src, v_cache + row * D, nullptr, eps, nullptr, 1.f, v_scale);
     }
 }
 
@@ -185,7 +185,7 @@ __device__ __forceinline__ void copy_kv_rotated(typename KV::T* __restrict__ k_c
     typename KV::T* cache = is_k ? k_cache : v_cache;
     const float scale = is_k ? k_scale : v_scale;
     rope_head<D, KV, KV>(cache + src_row * D, cache + dst_row * D, nullptr, 0.f,
-                         is_k ? &angles : nullptr, scale, 1.f / scale);
+                         is_k ? &angles : nullptr, scale, scale);
 }
 
 // An FP8 key is read (code * scale), turned and rounded to a code again.

@@ -17,6 +17,7 @@ mod runner;
 mod staging;
 
 pub use forward::{Activations, DeviceModel, Dims, KvCache, StepInputs};
+pub use kernels::device_count;
 pub use overlap::{Overlap, OverlapDriver, PENDING_TOKEN, QueuedRunner};
 pub use phase6_cuda_weights::{DeviceWeights, TensorSource};
 pub use runner::{CudaOptions, CudaRunner, MemoryReport};

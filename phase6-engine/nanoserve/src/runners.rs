@@ -22,21 +22,15 @@ pub fn build_runner(
     if config.tensor_parallel_size > 1 {
         return match config.device {
             Device::Cpu => tp_cpu_runner(model_config, weights, config),
-            Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
-                Ok(runner) => Ok(runner),
-                Err(Error::Cuda(_)) => tp_cpu_runner(model_config, weights, config),
-                Err(e) => Err(e),
-            },
+            Device::Auto if gpu_present() => gpu_runner(model_config, weights, config, 0),
+            Device::Auto => tp_cpu_runner(model_config, weights, config),
             Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
         };
     }
     match config.device {
         Device::Cpu => chunk_cpu_runner(model_config, weights, config),
-        Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
-            Ok(runner) => Ok(runner),
-            Err(Error::Cuda(_)) => chunk_cpu_runner(model_config, weights, config),
-            Err(e) => Err(e),
-        },
+        Device::Auto if gpu_present() => gpu_runner(model_config, weights, config, 0),
+        Device::Auto => chunk_cpu_runner(model_config, weights, config),
         Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
     }
 }
@@ -58,11 +52,8 @@ fn fp8_runner(
     }
     match config.device {
         Device::Cpu => fp8_cpu_runner(model_config, weights, config),
-        Device::Auto => match gpu_runner(model_config.clone(), weights, config, 0) {
-            Ok(runner) => Ok(runner),
-            Err(Error::Cuda(_)) => fp8_cpu_runner(model_config, weights, config),
-            Err(e) => Err(e),
-        },
+        Device::Auto if gpu_present() => gpu_runner(model_config, weights, config, 0),
+        Device::Auto => fp8_cpu_runner(model_config, weights, config),
         Device::Cuda(n) => gpu_runner(model_config, weights, config, n),
     }
 }
@@ -87,6 +78,19 @@ pub fn start_llm(
         install_overlap(&mut llm);
     }
     Ok(llm)
+}
+
+/// True if this build can use a GPU and the machine has one: `auto` then means the GPU, and a
+/// GPU that cannot run what is asked (an FP8 cache on an older GPU, too few GPUs, no NCCL) is
+/// an error, not a quiet fall back to the much slower CPU.
+#[cfg(feature = "cuda")]
+fn gpu_present() -> bool {
+    phase6_cuda::device_count().is_ok_and(|n| n > 0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_present() -> bool {
+    false
 }
 
 #[cfg(not(feature = "cuda"))]

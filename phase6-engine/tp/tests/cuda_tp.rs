@@ -1,6 +1,6 @@
 //! Tensor parallelism on GPUs. One rank through NCCL gives the single-GPU runner's bits (its
 //! all-reduces and all-gather move the same values, and its kernels are the same), which checks
-//! the whole NCCL path, graphs included, on one GPU. With two GPUs or more, ranks give the
+//! the NCCL path, graphs included, on one GPU (not the cuts: one rank holds whole tensors). With two GPUs or more, ranks give the
 //! single GPU's logits within bf16 rounding and its greedy tokens up to near-ties (see
 //! `phase6-cuda`'s tests for the rule). Without a GPU, without NCCL, or with too few GPUs, each
 //! test prints why it is skipped.

@@ -93,7 +93,7 @@ impl TpCudaRunner {
             let pages: Vec<_> = runners.iter().map(|r| r.num_pages()).collect();
             return Err(Error::OutOfMemory(format!(
                 "the ranks' GPUs hold different numbers of KV pages ({pages:?}): fix the number \
-                 with num_kvcache_blocks"
+                 with num_kvcache_blocks (CudaOptions::num_pages)"
             )));
         }
         let first = &runners[0];

@@ -180,21 +180,36 @@ impl TensorSource for ShardSource<'_> {
 mod tests {
     use super::*;
 
-    /// A rank's tensors read through the view are the slices `Shard::slice` cuts on the CPU.
+    /// A rank's tensors read through the view are the slices `Shard::slice` cuts on the CPU: a
+    /// fixture at 2 ranks, and a model whose 2 KV heads are copied over 4 ranks and whose
+    /// vocabulary (2,001) leaves the last slice padded.
     #[test]
     fn slices_match_the_cpu_split() {
         let dir = phase2::models_dir().join("fixtures/qwen25-yarn");
-        let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let weights = Weights::random(&c, 5);
+        let fixture = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let odd = ModelConfig::from_json(
+            r#"{"architectures":["Qwen2ForCausalLM"],"vocab_size":2001,"hidden_size":64,
+            "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,
+            "num_key_value_heads":2,"rms_norm_eps":1e-6,"rope_theta":10000,
+            "max_position_embeddings":64,"tie_word_embeddings":true}"#,
+            std::path::Path::new("config.json"),
+        )
+        .unwrap();
+        for (c, tp) in [(fixture, 2), (odd, 4)] {
+            check_ranks(&c, tp);
+        }
+    }
+
+    fn check_ranks(c: &ModelConfig, tp: usize) {
+        let weights = Weights::random(c, 5);
         let model = phase2::Model::from_weights(c.clone(), &weights).unwrap();
-        let tp = 2;
         for rank in 0..tp {
             let shard = Shard {
                 rank,
                 world_size: tp,
             };
             let part = shard.slice(&model);
-            let view = ShardSource::new(&weights, &c, shard);
+            let view = ShardSource::new(&weights, c, shard);
             let read = |name: &str| -> Vec<f32> {
                 let n: usize = view.shape(name).unwrap().iter().product();
                 let mut out = vec![bf16::ZERO; n];
@@ -206,11 +221,11 @@ mod tests {
             let mut qkv = read(&p("self_attn.q_proj.weight"));
             qkv.extend(read(&p("self_attn.k_proj.weight")));
             qkv.extend(read(&p("self_attn.v_proj.weight")));
-            assert_eq!(qkv, l.qkv);
+            assert_eq!(qkv, l.qkv, "rank {rank} of {tp}");
             assert_eq!(read(&p("self_attn.o_proj.weight")), l.o_proj);
             assert_eq!(read(&p("mlp.down_proj.weight")), l.down);
             let embed = read("model.embed_tokens.weight");
-            let each = ShardSource::vocab_rows(&c, tp);
+            let each = ShardSource::vocab_rows(c, tp);
             assert_eq!(embed.len(), each * c.hidden_size);
             assert_eq!(embed[..part.embed.len()], part.embed[..]);
             assert!(embed[part.embed.len()..].iter().all(|&x| x == 0.0));
