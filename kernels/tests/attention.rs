@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
 use kernels::merge::{PartialState, merge_state, merge_state_into};
-use kernels::paged::{AttentionInputs, CacheShape, Fp8Cache, HostPageTable};
+use kernels::paged::{AttentionInputs, CacheRead, CacheShape, Fp8Cache, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
 use phase6_fp8::e4m3;
@@ -164,13 +164,32 @@ fn run_prefill(
     seqs: &[SeqKv],
     causal: bool,
 ) -> (Vec<f64>, Vec<f64>) {
+    prefill_over(
+        gpu,
+        p,
+        (dev.k.as_view(), dev.v.as_view()),
+        &dev.q,
+        seqs,
+        causal,
+    )
+}
+
+/// [`run_prefill`] over any cache (bf16 or FP8 codes).
+fn prefill_over<C: CacheRead>(
+    gpu: &Gpu,
+    p: &Problem,
+    (k_cache, v_cache): (C, C),
+    q: &CudaSlice<bf16>,
+    seqs: &[SeqKv],
+    causal: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, p.total_q());
     let table = p.table(seqs).upload(gpu).unwrap();
     let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
     let inputs = AttentionInputs {
-        q: dev.q.as_view(),
-        k_cache: dev.k.as_view(),
-        v_cache: dev.v.as_view(),
+        q: q.as_view(),
+        k_cache,
+        v_cache,
         cache: p.cache.shape,
         table: table.view(),
         num_q_heads: hq,
@@ -183,23 +202,27 @@ fn run_prefill(
     let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
     let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
     prefill_attention(gpu, &inputs, &queries, causal, &mut out, Some(&mut lse)).unwrap();
-    let out = wide(&gpu.download(&out).unwrap());
-    let lse = gpu
-        .download(&lse)
-        .unwrap()
-        .iter()
-        .map(|&x| x as f64)
-        .collect();
-    (out, lse)
+    download(gpu, &out, &lse)
 }
 
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {
+    decode_over(gpu, p, (dev.k.as_view(), dev.v.as_view()), &dev.q, seqs)
+}
+
+/// [`run_decode`] over any cache (bf16 or FP8 codes): the first `seqs.len()` rows of `q`.
+fn decode_over<C: CacheRead>(
+    gpu: &Gpu,
+    p: &Problem,
+    (k_cache, v_cache): (C, C),
+    q: &CudaSlice<bf16>,
+    seqs: &[SeqKv],
+) -> (Vec<f64>, Vec<f64>) {
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, seqs.len());
     let table = p.table(seqs).upload(gpu).unwrap();
     let inputs = AttentionInputs {
-        q: dev.q.as_view(),
-        k_cache: dev.k.as_view(),
-        v_cache: dev.v.as_view(),
+        q: q.as_view(),
+        k_cache,
+        v_cache,
         cache: p.cache.shape,
         table: table.view(),
         num_q_heads: hq,
@@ -209,9 +232,14 @@ fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>
     let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
     let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
     decode_attention(gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
-    let out = wide(&gpu.download(&out).unwrap());
+    download(gpu, &out, &lse)
+}
+
+/// An attention call's output and log-sum-exp, widened.
+fn download(gpu: &Gpu, out: &CudaSlice<bf16>, lse: &CudaSlice<f32>) -> (Vec<f64>, Vec<f64>) {
+    let out = wide(&gpu.download(out).unwrap());
     let lse = gpu
-        .download(&lse)
+        .download(lse)
         .unwrap()
         .iter()
         .map(|&x| x as f64)
@@ -327,42 +355,22 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
             let k_codes = gpu.upload(&quantize(&mut p.cache.k, k_scale)).unwrap();
             let v_codes = gpu.upload(&quantize(&mut p.cache.v, v_scale)).unwrap();
             let q = gpu.upload(&p.q).unwrap();
-            let table = p.table(&p.seqs).upload(&gpu).unwrap();
-            let inputs = AttentionInputs {
-                q: q.as_view(),
-                k_cache: Fp8Cache {
-                    codes: k_codes.as_view(),
-                    scale: k_scale,
-                },
-                v_cache: Fp8Cache {
-                    codes: v_codes.as_view(),
-                    scale: v_scale,
-                },
-                cache: p.cache.shape,
-                table: table.view(),
-                num_q_heads: hq,
-                sm_scale: 1.0 / (d as f32).sqrt(),
+            let codes = || {
+                (
+                    Fp8Cache {
+                        codes: k_codes.as_view(),
+                        scale: k_scale,
+                    },
+                    Fp8Cache {
+                        codes: v_codes.as_view(),
+                        scale: v_scale,
+                    },
+                )
             };
             let name = format!("fp8 d{d} group{} page{ps}", hq / hkv);
-            let n = p.total_q();
-            let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
             for causal in [true, false] {
-                let queries = PrefillQueries {
-                    indptr: q_indptr.as_view(),
-                    max_len: *p.q_lens.iter().max().unwrap(),
-                };
-                let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
-                let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-                prefill_attention(&gpu, &inputs, &queries, causal, &mut out, Some(&mut lse))
-                    .unwrap();
+                let (out, lse) = prefill_over(&gpu, &p, codes(), &q, &p.seqs, causal);
                 let (want, want_lse) = p.reference(&p.seqs, causal);
-                let out = wide(&gpu.download(&out).unwrap());
-                let lse: Vec<f64> = gpu
-                    .download(&lse)
-                    .unwrap()
-                    .iter()
-                    .map(|&x| x as f64)
-                    .collect();
                 assert_close(
                     &format!("{name} prefill causal={causal}"),
                     &out,
@@ -372,7 +380,7 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
                 assert_close(&format!("{name} prefill lse"), &lse, &want_lse, 1e-3);
             }
             // Decode: one query a sequence, the first rows of q.
-            let decode_q = Problem {
+            let one_query = Problem {
                 q_lens: vec![1; p.seqs.len()],
                 q: p.q[..p.seqs.len() * hq * d].to_vec(),
                 hq,
@@ -384,19 +392,8 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
                 },
                 seqs: p.seqs.clone(),
             };
-            let (want, want_lse) = decode_q.reference(&p.seqs, true);
-            let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
-            let rows = p.seqs.len();
-            let mut out = gpu.upload(&poison_bf16(rows * hq * d)).unwrap();
-            let mut lse = gpu.upload(&poison_f32(rows * hq)).unwrap();
-            decode_attention(&gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
-            let out = wide(&gpu.download(&out).unwrap());
-            let lse: Vec<f64> = gpu
-                .download(&lse)
-                .unwrap()
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
+            let (want, want_lse) = one_query.reference(&p.seqs, true);
+            let (out, lse) = decode_over(&gpu, &p, codes(), &q, &p.seqs);
             assert_close(&format!("{name} decode"), &out, &want, BF16_TOL);
             assert_close(&format!("{name} decode lse"), &lse, &want_lse, 1e-3);
         }
