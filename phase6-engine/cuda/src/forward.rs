@@ -275,17 +275,18 @@ pub enum ProductMut<'a> {
     Partials(CudaViewMut<'a, f32>),
 }
 
+/// The scale of every FP8 K and V buffer: values are stored as they are, within e4m3's ±448
+/// (vLLM's default without a quantized checkpoint). The kernels take any scale per buffer;
+/// chapter 6.6 measures what calibrated ones would change.
+const FP8_SCALE: f32 = 1.0;
+
 enum Buffers {
     Bf16 {
         k: CudaSlice<bf16>,
         v: CudaSlice<bf16>,
     },
-    /// FP8 codes and the scales `(k_scale, v_scale)` of each layer.
-    Fp8 {
-        k: CudaSlice<u8>,
-        v: CudaSlice<u8>,
-        scales: Vec<(f32, f32)>,
-    },
+    /// FP8 codes, every layer's K and V with scale [`FP8_SCALE`].
+    Fp8 { k: CudaSlice<u8>, v: CudaSlice<u8> },
 }
 
 /// One K and one V buffer for every layer, each `[layers][pages][kv_heads][page_size][head_dim]`.
@@ -295,15 +296,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Zeroed buffers of bf16, or of FP8 codes (`KvDtype::Fp8E4m3`) whose scales are 1: values
-    /// stored as they are, within e4m3's ±448 (see chapter 6.6 for scales).
+    /// Zeroed buffers of bf16, or of FP8 codes (`KvDtype::Fp8E4m3`, scale [`FP8_SCALE`]).
     pub fn new(gpu: &Gpu, layers: usize, shape: CacheShape, dtype: KvDtype) -> Result<Self> {
         let n = layers * shape.elements();
         let buffers = match dtype {
             KvDtype::Fp8E4m3 => Buffers::Fp8 {
                 k: gpu.zeros(n)?,
                 v: gpu.zeros(n)?,
-                scales: vec![(1.0, 1.0); layers],
             },
             _ => Buffers::Bf16 {
                 k: gpu.zeros(n)?,
@@ -347,15 +346,14 @@ macro_rules! with_layer_mut {
                 let (mut $k, mut $v) = (layer_of_mut(k, $l, n), layer_of_mut(v, $l, n));
                 $body
             }
-            Buffers::Fp8 { k, v, scales } => {
-                let (ks, vs) = scales[$l];
+            Buffers::Fp8 { k, v } => {
                 let mut $k = Fp8CacheMut {
                     codes: layer_of_mut(k, $l, n),
-                    scale: ks,
+                    scale: FP8_SCALE,
                 };
                 let mut $v = Fp8CacheMut {
                     codes: layer_of_mut(v, $l, n),
-                    scale: vs,
+                    scale: FP8_SCALE,
                 };
                 $body
             }
@@ -612,16 +610,15 @@ fn attention(
         Buffers::Bf16 { k, v } => attend(gpu, m, a, s, shape, &|| {
             (layer_of(k, l, n), layer_of(v, l, n))
         }),
-        Buffers::Fp8 { k, v, scales } => attend(gpu, m, a, s, shape, &|| {
-            let (ks, vs) = scales[l];
+        Buffers::Fp8 { k, v } => attend(gpu, m, a, s, shape, &|| {
             (
                 Fp8Cache {
                     codes: layer_of(k, l, n),
-                    scale: ks,
+                    scale: FP8_SCALE,
                 },
                 Fp8Cache {
                     codes: layer_of(v, l, n),
-                    scale: vs,
+                    scale: FP8_SCALE,
                 },
             )
         }),
