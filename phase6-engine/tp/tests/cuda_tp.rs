@@ -11,6 +11,7 @@ use std::path::Path;
 use phase1::{BlockTable, KvPool};
 use phase2::sampler::argmax;
 use phase2::{ForwardBatch, ForwardSeq, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir};
+use phase6_chunks::ChunkRunner;
 use phase6_cuda::{CudaOptions, CudaRunner};
 use phase6_tp::check_split;
 use phase6_tp::cuda::{TpCudaRunner, nccl};
@@ -121,8 +122,49 @@ fn one_rank_over_nccl_gives_the_single_gpu_bits() {
                     "{name} (eager {eager}): logits of step {step} differ"
                 );
             }
+            // Two sequences behind one shared prefix: a cascade group, planned alike.
+            let shared = shared_prefix_step(&mut single, &p);
+            assert_eq!(
+                shared_prefix_step(&mut ranks, &p),
+                shared,
+                "{name}: shared prefix"
+            );
+            assert_eq!(ranks.cascade_stats(), single.cascade_stats());
+            assert!(
+                single.cascade_stats().steps > 0,
+                "{name}: the step had a cascade group"
+            );
         }
     }
+}
+
+/// One step of two sequences that share `prompt` as their first segment, on fresh pages.
+fn shared_prefix_step(runner: &mut dyn ChunkRunner, prompt: &[u32]) -> Vec<f32> {
+    let mut pool = KvPool::new(runner.num_pages(), runner.page_size()).unwrap();
+    let mut prefix = BlockTable::new();
+    prefix.append_tokens(&mut pool, prompt.len()).unwrap();
+    let first = ForwardSeq {
+        seq_id: 0,
+        tokens: prompt.to_vec(),
+        start_pos: 0,
+        kv: vec![prefix.clone()],
+        sample: None,
+    };
+    runner.forward(&ForwardBatch { seqs: vec![first] }).unwrap();
+    let seqs = (1..3)
+        .map(|i| {
+            let mut own = BlockTable::new();
+            own.append_tokens(&mut pool, 5).unwrap();
+            ForwardSeq {
+                seq_id: i,
+                tokens: vec![i as u32 + 7; 5],
+                start_pos: prompt.len(),
+                kv: vec![prefix.clone(), own],
+                sample: Some(SampleSpec::greedy()),
+            }
+        })
+        .collect();
+    runner.forward(&ForwardBatch { seqs }).unwrap().data
 }
 
 #[test]

@@ -122,19 +122,29 @@ impl TpCudaRunner {
 
     /// Runs `job` on every rank at once; rank 0's answer (or the first failure).
     fn on_all_ranks<T: Send + 'static>(
-        &mut self,
+        &self,
         job: impl Fn(&mut CudaRunner) -> Result<T, Error> + Send + Sync + 'static,
     ) -> Result<T, Error> {
+        self.on_ranks(self.ranks.len(), job)
+    }
+
+    /// Runs `job` on ranks `0..n` (all of them when it runs collectives); rank 0's answer.
+    fn on_ranks<T: Send + 'static>(
+        &self,
+        n: usize,
+        job: impl Fn(&mut CudaRunner) -> Result<T, Error> + Send + Sync + 'static,
+    ) -> Result<T, Error> {
+        let ranks = &self.ranks[..n];
         let job = Arc::new(job);
-        for rank in &self.ranks {
+        for rank in ranks {
             let job = job.clone();
             let boxed: Job = Box::new(move |r| job(r).map(|t| Box::new(t) as Box<dyn Any + Send>));
             rank.jobs
                 .send(boxed)
                 .map_err(|_| Error::Device("a tensor-parallel rank has stopped".into()))?;
         }
-        let mut answers = Vec::with_capacity(self.ranks.len());
-        for rank in &self.ranks {
+        let mut answers = Vec::with_capacity(n);
+        for rank in ranks {
             answers.push(rank.answers.recv().unwrap_or_else(|_| {
                 Err(Error::Device("a tensor-parallel rank has stopped".into()))
             }));
@@ -255,8 +265,10 @@ impl ChunkRunner for TpCudaRunner {
         self.on_all_ranks(move |r| r.copy_kv(&src, &dst, rope_shift))
     }
 
+    /// Every rank plans the same cascade groups: rank 0's count.
     fn cascade_stats(&self) -> CascadeStats {
-        CascadeStats::default()
+        self.on_ranks(1, |r| Ok(r.cascade_stats()))
+            .unwrap_or_default()
     }
 }
 
