@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
 use kernels::merge::{PartialState, merge_state, merge_state_into};
-use kernels::paged::{AttentionInputs, CacheRead, CacheShape, Fp8Cache, HostPageTable};
+use kernels::paged::{
+    AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
+};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
 use phase6_fp8::e4m3;
@@ -93,6 +95,24 @@ impl Problem {
             t.push_seq(s.entries.iter().copied());
         }
         t
+    }
+
+    /// What the kernels read: `q`, the cache buffers, and an uploaded page table.
+    fn inputs<'a, C: CacheRead>(
+        &self,
+        (k_cache, v_cache): (C, C),
+        q: &'a CudaSlice<bf16>,
+        table: &'a DevicePageTable,
+    ) -> AttentionInputs<'a, C> {
+        AttentionInputs {
+            q: q.as_view(),
+            k_cache,
+            v_cache,
+            cache: self.cache.shape,
+            table: table.view(),
+            num_q_heads: self.hq,
+            sm_scale: 1.0 / (self.cache.shape.head_dim as f32).sqrt(),
+        }
     }
 
     fn q_indptr(&self) -> Vec<i32> {
@@ -186,15 +206,7 @@ fn prefill_over<C: CacheRead>(
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, p.total_q());
     let table = p.table(seqs).upload(gpu).unwrap();
     let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
-    let inputs = AttentionInputs {
-        q: q.as_view(),
-        k_cache,
-        v_cache,
-        cache: p.cache.shape,
-        table: table.view(),
-        num_q_heads: hq,
-        sm_scale: 1.0 / (d as f32).sqrt(),
-    };
+    let inputs = p.inputs((k_cache, v_cache), q, &table);
     let queries = PrefillQueries {
         indptr: q_indptr.as_view(),
         max_len: *p.q_lens.iter().max().unwrap(),
@@ -219,15 +231,7 @@ fn decode_over<C: CacheRead>(
 ) -> (Vec<f64>, Vec<f64>) {
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, seqs.len());
     let table = p.table(seqs).upload(gpu).unwrap();
-    let inputs = AttentionInputs {
-        q: q.as_view(),
-        k_cache,
-        v_cache,
-        cache: p.cache.shape,
-        table: table.view(),
-        num_q_heads: hq,
-        sm_scale: 1.0 / (d as f32).sqrt(),
-    };
+    let inputs = p.inputs((k_cache, v_cache), q, &table);
     let mut ws = DecodeWorkspace::new(gpu, d).unwrap();
     let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
     let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
