@@ -11,7 +11,7 @@ use common::{device_time, fill, time};
 use criterion::{Criterion, Throughput};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, Fp8Cache, HostPageTable};
-use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention_on};
 use kernels::sampling::{SampleParams, sample};
 use kernels::{CudaSlice, Gpu, bf16};
 
@@ -242,34 +242,45 @@ fn main() {
         ));
     }
 
-    // Prefill: causal, whole prompts, FLOPs of the unmasked half (QK^T and PV, 2 flops a MAC).
+    // Prefill: causal, whole prompts, FLOPs of the unmasked half (QK^T and PV, 2 flops a MAC),
+    // on each kernel the device has.
     for (seqs, len, page) in [(1, 4096, 16), (4, 2048, 256), (16, 512, 16)] {
         let s = setup(&gpu, seqs, len, page, seqs * len);
         let indptr: Vec<i32> = (0..=seqs).map(|i| (i * len) as i32).collect();
         let indptr = gpu.upload(&indptr).unwrap();
         let mut out = gpu.zeros::<bf16>(seqs * len * HQ * D).unwrap();
         let flops = 4.0 * (seqs * HQ * D) as f64 * (len * (len + 1) / 2) as f64;
-        let name = format!("prefill {seqs}x{len} page{page}");
-        let mut run = || {
-            let queries = PrefillQueries {
-                indptr: indptr.as_view(),
-                max_len: len,
+        for kernel in [PrefillKernel::Mma, PrefillKernel::Wgmma] {
+            if !kernel.runs(&gpu, &s.inputs()) {
+                continue;
+            }
+            let tag = match kernel {
+                PrefillKernel::Mma => "mma",
+                PrefillKernel::Wgmma => "wgmma",
             };
-            prefill_attention(&gpu, &s.inputs(), &queries, true, &mut out, None).unwrap()
-        };
-        let mut group = c.benchmark_group("prefill");
-        group.throughput(Throughput::Elements(flops as u64));
-        group.bench_function(&name, |b| {
-            b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
-        });
-        group.finish();
-        gpu.synchronize().unwrap();
-        let secs = time(&gpu, &mut run);
-        summary.push(format!(
-            "{name:<40} {:>9.1} us {:>8.1} TFLOP/s",
-            secs * 1e6,
-            flops / secs / 1e12
-        ));
+            let name = format!("prefill {seqs}x{len} page{page} {tag}");
+            let mut run = || {
+                let queries = PrefillQueries {
+                    indptr: indptr.as_view(),
+                    max_len: len,
+                };
+                prefill_attention_on(&gpu, kernel, &s.inputs(), &queries, true, &mut out, None)
+                    .unwrap()
+            };
+            let mut group = c.benchmark_group("prefill");
+            group.throughput(Throughput::Elements(flops as u64));
+            group.bench_function(&name, |b| {
+                b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
+            });
+            group.finish();
+            gpu.synchronize().unwrap();
+            let secs = time(&gpu, &mut run);
+            summary.push(format!(
+                "{name:<40} {:>9.1} us {:>8.1} TFLOP/s",
+                secs * 1e6,
+                flops / secs / 1e12
+            ));
+        }
     }
     // Sampling is not attention, but it ends every step: 64 rows of a Qwen3-sized vocabulary.
     let (rows, vocab) = (64, 151_936);

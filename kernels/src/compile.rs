@@ -22,6 +22,24 @@ pub struct Arch {
     pub minor: u32,
 }
 
+impl Arch {
+    /// The target NVRTC compiles for: on Hopper (9.0) the architecture-specific `sm_90a`,
+    /// whose machine code runs on that generation only and which alone has the warpgroup
+    /// instructions (`wgmma`) of `prefill_hopper.cu`; elsewhere the portable `sm_XY`.
+    pub fn target(&self) -> String {
+        if (self.major, self.minor) == (9, 0) {
+            "sm_90a".to_string()
+        } else {
+            self.to_string()
+        }
+    }
+
+    /// Whether this is Hopper, where the `sm_90a` sources compile.
+    pub fn is_hopper(&self) -> bool {
+        (self.major, self.minor) == (9, 0)
+    }
+}
+
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "sm_{}{}", self.major, self.minor)
@@ -60,7 +78,7 @@ impl Compiler {
     /// NVRTC options for `arch`: the device's own machine code, C++17, line info for profilers.
     pub fn options(&self, arch: Arch) -> Vec<String> {
         vec![
-            format!("--gpu-architecture={arch}"),
+            format!("--gpu-architecture={}", arch.target()),
             "--std=c++17".to_string(),
             "--generate-line-info".to_string(),
             format!("--include-path={}", self.include_dir.display()),
@@ -191,7 +209,7 @@ fn nvrtc_compile(file: &str, source: &str, arch: Arch, options: &[String]) -> Re
             .collect();
         return Err(Error::Compile {
             file: file.to_string(),
-            arch: arch.to_string(),
+            arch: arch.target(),
             options: options.join(" "),
             log: String::from_utf8_lossy(&log).into_owned(),
         });

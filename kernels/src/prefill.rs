@@ -2,10 +2,15 @@
 //! P·V) reading K/V through a page table (vLLM's PagedAttention), with GQA heads folded into
 //! the tile rows as FlashInfer does. The CUDA side is `cuda/prefill_attention.cu`.
 //!
+//! On Hopper, head_dim 128 over a bf16 cache runs `cuda/prefill_hopper.cu` instead: the same
+//! algorithm with its products on warpgroup MMAs (FlashAttention-3's route), 128 rows a block.
+//! [`PrefillKernel`] names the two; [`prefill_attention`] picks the best the device has.
+//!
 //! The same kernel without the causal mask, writing the log-sum-exp, is the shared-prefix half
 //! of cascade attention (see [`crate::merge`]).
 
-use cudarc::driver::{CudaView, DevicePtrMut, PushKernelArg};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaView, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::check;
@@ -24,8 +29,50 @@ pub struct PrefillQueries<'a> {
 }
 
 const K: &str = "prefill_attention";
-/// Rows (query, head) per block, as in the kernel.
-const BLOCK_ROWS: usize = 64;
+
+/// Which prefill kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// FlashAttention-2 on `mma.sync` (sm_80+, every head size and cache type).
+    Mma,
+    /// The same on Hopper's warpgroup MMAs (sm_90a, head_dim 128, bf16 cache).
+    Wgmma,
+}
+
+impl PrefillKernel {
+    /// The fastest kernel that runs `inputs` on `gpu`.
+    pub fn best<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Self {
+        if Self::Wgmma.runs(gpu, inputs) {
+            Self::Wgmma
+        } else {
+            Self::Mma
+        }
+    }
+
+    /// Whether this kernel can run `inputs` on `gpu`.
+    pub fn runs<C: CacheRead>(self, gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> bool {
+        match self {
+            Self::Mma => true,
+            Self::Wgmma => {
+                gpu.arch().is_hopper()
+                    && inputs.cache.head_dim == 128
+                    && inputs.k_cache.fp8_scale().is_none()
+            }
+        }
+    }
+
+    /// Rows (query, head) per block, as in the kernel.
+    fn block_rows(self) -> usize {
+        match self {
+            Self::Mma => 64,
+            Self::Wgmma => 128,
+        }
+    }
+}
+
+/// Dynamic shared memory of the Hopper kernel: Q, two stages of K and V (32 KiB each), three
+/// slot tables and eight ints, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
+const HOPPER_SHARED_BYTES: usize = 5 * 128 * 128 * 2 + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024;
 
 /// Attention of every query row over its sequence's KV. With `causal`, the queries of a
 /// sequence are its last tokens and each sees the KV up to its own position (the new tokens'
@@ -34,6 +81,20 @@ const BLOCK_ROWS: usize = 64;
 /// given.
 pub fn prefill_attention<C: CacheRead>(
     gpu: &Gpu,
+    inputs: &AttentionInputs<'_, C>,
+    queries: &PrefillQueries<'_>,
+    causal: bool,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    let kernel = PrefillKernel::best(gpu, inputs);
+    prefill_attention_on(gpu, kernel, inputs, queries, causal, out, lse)
+}
+
+/// [`prefill_attention`] on a chosen kernel; an error if that kernel cannot run `inputs`.
+pub fn prefill_attention_on<C: CacheRead>(
+    gpu: &Gpu,
+    kernel: PrefillKernel,
     inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
     causal: bool,
@@ -60,21 +121,32 @@ pub fn prefill_attention<C: CacheRead>(
         }
         None => 0,
     };
-    let tiles = (queries.max_len * inputs.group()).div_ceil(BLOCK_ROWS);
+    if !kernel.runs(gpu, inputs) {
+        return Err(check::invalid(
+            K,
+            "the wgmma kernel needs a Hopper GPU, head_dim 128 and a bf16 cache",
+        ));
+    }
+    let tiles = (queries.max_len * inputs.group()).div_ceil(kernel.block_rows());
     if num_seqs == 0 || tiles == 0 {
         return Ok(());
     }
     let out_ptr = gpu.ptr_mut(out);
     check::aligned(K, "output", out_ptr)?;
-    let name = match (d, fp8) {
-        (32, false) => "prefill_attention_d32",
-        (64, false) => "prefill_attention_d64",
-        (_, false) => "prefill_attention_d128",
-        (32, true) => "prefill_attention_fp8_d32",
-        (64, true) => "prefill_attention_fp8_d64",
-        (_, true) => "prefill_attention_fp8_d128",
+    let name = match (kernel, d, fp8) {
+        (PrefillKernel::Wgmma, _, _) => "prefill_attention_hopper_d128",
+        (_, 32, false) => "prefill_attention_d32",
+        (_, 64, false) => "prefill_attention_d64",
+        (_, _, false) => "prefill_attention_d128",
+        (_, 32, true) => "prefill_attention_fp8_d32",
+        (_, 64, true) => "prefill_attention_fp8_d64",
+        (_, _, true) => "prefill_attention_fp8_d128",
     };
-    let f = gpu.function(Source::PrefillAttention, name)?;
+    let source = match kernel {
+        PrefillKernel::Mma => Source::PrefillAttention,
+        PrefillKernel::Wgmma => Source::PrefillHopper,
+    };
+    let f = gpu.function(source, name)?;
     let ptrs = [
         gpu.ptr(&inputs.q),
         inputs.k_cache.address(gpu),
@@ -101,17 +173,31 @@ pub fn prefill_attention<C: CacheRead>(
     for i in &ints {
         launch.arg(i);
     }
-    launch
-        .arg(&inputs.sm_scale)
-        .arg(&causal)
-        .arg(&k_scale)
-        .arg(&v_scale);
+    launch.arg(&inputs.sm_scale).arg(&causal);
+    if kernel == PrefillKernel::Mma {
+        launch.arg(&k_scale).arg(&v_scale);
+    }
     let blocks = (
         check::int(K, "query tiles", tiles)? as u32,
         num_seqs as u32,
         inputs.cache.num_kv_heads as u32,
     );
-    unsafe { launch.launch(grid(blocks, 128)) }.during(K)?;
+    let config = match kernel {
+        PrefillKernel::Mma => grid(blocks, 128),
+        PrefillKernel::Wgmma => {
+            let bytes = HOPPER_SHARED_BYTES as i32;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .during(K)?;
+            LaunchConfig {
+                shared_mem_bytes: bytes as u32,
+                ..grid(blocks, 256)
+            }
+        }
+    };
+    unsafe { launch.launch(config) }.during(K)?;
     Ok(())
     // END SOLUTION
 }

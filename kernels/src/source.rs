@@ -2,6 +2,8 @@
 
 const COMMON: &str = include_str!("cuda/common.cuh");
 const MMA: &str = include_str!("cuda/mma.cuh");
+const PAGE_TILES: &str = include_str!("cuda/page_tiles.cuh");
+const WGMMA: &str = include_str!("cuda/wgmma.cuh");
 
 /// A kernel source file; each becomes one CUDA module, compiled on first use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -10,6 +12,7 @@ pub enum Source {
     RmsNorm,
     RopeStore,
     PrefillAttention,
+    PrefillHopper,
     DecodeAttention,
     Merge,
     SiluMul,
@@ -20,11 +23,12 @@ pub enum Source {
 }
 
 impl Source {
-    pub const ALL: [Source; 11] = [
+    pub const ALL: [Source; 12] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
         Source::PrefillAttention,
+        Source::PrefillHopper,
         Source::DecodeAttention,
         Source::Merge,
         Source::SiluMul,
@@ -40,6 +44,7 @@ impl Source {
             Source::RmsNorm => "rms_norm.cu",
             Source::RopeStore => "rope_store.cu",
             Source::PrefillAttention => "prefill_attention.cu",
+            Source::PrefillHopper => "prefill_hopper.cu",
             Source::DecodeAttention => "decode_attention.cu",
             Source::Merge => "merge.cu",
             Source::SiluMul => "silu_mul.cu",
@@ -56,6 +61,7 @@ impl Source {
             Source::RmsNorm => include_str!("cuda/rms_norm.cu"),
             Source::RopeStore => include_str!("cuda/rope_store.cu"),
             Source::PrefillAttention => include_str!("cuda/prefill_attention.cu"),
+            Source::PrefillHopper => include_str!("cuda/prefill_hopper.cu"),
             Source::DecodeAttention => include_str!("cuda/decode_attention.cu"),
             Source::Merge => include_str!("cuda/merge.cu"),
             Source::SiluMul => include_str!("cuda/silu_mul.cu"),
@@ -66,14 +72,20 @@ impl Source {
         }
     }
 
-    /// The text NVRTC compiles: the shared helpers, the tensor-core helpers where used, the file.
+    /// The text NVRTC compiles: the shared helpers, those of the tensor-core kernels where
+    /// used, the file.
     pub fn text(self) -> String {
-        let mma = if self == Source::PrefillAttention {
-            MMA
-        } else {
-            ""
+        let helpers: &[&str] = match self {
+            Source::PrefillAttention => &[MMA, PAGE_TILES],
+            Source::PrefillHopper => &[MMA, PAGE_TILES, WGMMA],
+            _ => &[],
         };
-        format!("{COMMON}\n{mma}\n{}", self.body())
+        format!("{COMMON}\n{}\n{}", helpers.join("\n"), self.body())
+    }
+
+    /// Whether the source uses Hopper-only instructions (compiled for `sm_90a` alone).
+    pub fn hopper_only(self) -> bool {
+        self == Source::PrefillHopper
     }
 
     pub(crate) fn index(self) -> usize {

@@ -9,7 +9,7 @@ use kernels::merge::{PartialState, merge_state, merge_state_into};
 use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
 };
-use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention, prefill_attention_on};
 use kernels::{CudaSlice, Gpu, bf16};
 use phase6_fp8::e4m3;
 
@@ -176,14 +176,18 @@ fn upload(gpu: &Gpu, p: &Problem) -> Device {
     }
 }
 
-/// Runs prefill attention of `p`'s queries over `seqs`; returns (out, lse) from the device.
+/// (out, lse) from the device.
+type Attended = (Vec<f64>, Vec<f64>);
+
+/// Runs prefill attention of `p`'s queries over `seqs` on every prefill kernel the device has
+/// (the mma.sync kernel everywhere, the wgmma one on Hopper); (out, lse) from each.
 fn run_prefill(
     gpu: &Gpu,
     p: &Problem,
     dev: &Device,
     seqs: &[SeqKv],
     causal: bool,
-) -> (Vec<f64>, Vec<f64>) {
+) -> Vec<(PrefillKernel, Attended)> {
     prefill_over(
         gpu,
         p,
@@ -202,7 +206,7 @@ fn prefill_over<C: CacheRead>(
     q: &CudaSlice<bf16>,
     seqs: &[SeqKv],
     causal: bool,
-) -> (Vec<f64>, Vec<f64>) {
+) -> Vec<(PrefillKernel, Attended)> {
     let (d, hq, n) = (p.cache.shape.head_dim, p.hq, p.total_q());
     let table = p.table(seqs).upload(gpu).unwrap();
     let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
@@ -211,10 +215,25 @@ fn prefill_over<C: CacheRead>(
         indptr: q_indptr.as_view(),
         max_len: *p.q_lens.iter().max().unwrap(),
     };
-    let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
-    let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-    prefill_attention(gpu, &inputs, &queries, causal, &mut out, Some(&mut lse)).unwrap();
-    download(gpu, &out, &lse)
+    [PrefillKernel::Mma, PrefillKernel::Wgmma]
+        .into_iter()
+        .filter(|k| k.runs(gpu, &inputs))
+        .map(|kernel| {
+            let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+            let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+            prefill_attention_on(
+                gpu,
+                kernel,
+                &inputs,
+                &queries,
+                causal,
+                &mut out,
+                Some(&mut lse),
+            )
+            .unwrap();
+            (kernel, download(gpu, &out, &lse))
+        })
+        .collect()
 }
 
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {
@@ -309,6 +328,18 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         (128, 16, 8, 256, vec![(&[300], 300)], true),
         (64, 4, 2, 16, vec![(&[45, 20], 30), (&[3], 2)], false),
         (128, 4, 1, 32, vec![(&[77, 9], 50)], true),
+        // head_dim 128 at Qwen3's GQA: the wgmma kernel's shapes on Hopper. Chunks that start
+        // mid-sequence after odd segments, several 128-row blocks, whole dense tiles.
+        (
+            128,
+            16,
+            8,
+            16,
+            vec![(&[1000, 37, 500], 300), (&[129], 129), (&[1], 1)],
+            true,
+        ),
+        (128, 32, 8, 256, vec![(&[700], 700), (&[260, 3], 90)], true),
+        (128, 16, 8, 16, vec![(&[300, 50], 200), (&[64], 17)], false),
     ];
     for (d, hq, hkv, ps, seqs, causal) in cases {
         let pages = seqs
@@ -319,11 +350,12 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
             + 3;
         let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &seqs);
         let dev = upload(&gpu, &p);
-        let (out, lse) = run_prefill(&gpu, &p, &dev, &p.seqs, causal);
         let (want, want_lse) = p.reference(&p.seqs, causal);
-        let name = format!("prefill d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
-        assert_close(&name, &out, &want, BF16_TOL);
-        assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+        for (kernel, (out, lse)) in run_prefill(&gpu, &p, &dev, &p.seqs, causal) {
+            let name = format!("prefill {kernel:?} d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
+            assert_close(&name, &out, &want, BF16_TOL);
+            assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+        }
     }
 }
 
@@ -373,15 +405,18 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
             };
             let name = format!("fp8 d{d} group{} page{ps}", hq / hkv);
             for causal in [true, false] {
-                let (out, lse) = prefill_over(&gpu, &p, codes(), &q, &p.seqs, causal);
+                let [(_, (out, lse))] = &prefill_over(&gpu, &p, codes(), &q, &p.seqs, causal)[..]
+                else {
+                    panic!("an FP8 cache runs on the mma.sync kernel alone");
+                };
                 let (want, want_lse) = p.reference(&p.seqs, causal);
                 assert_close(
                     &format!("{name} prefill causal={causal}"),
-                    &out,
+                    out,
                     &want,
                     BF16_TOL,
                 );
-                assert_close(&format!("{name} prefill lse"), &lse, &want_lse, 1e-3);
+                assert_close(&format!("{name} prefill lse"), lse, &want_lse, 1e-3);
             }
             // Decode: one query a sequence, the first rows of q.
             let one_query = Problem {
@@ -583,8 +618,14 @@ fn cascade_partials_merged_equal_flat_attention() {
         assert_close(&name, &out, &want, BF16_TOL);
         assert_close(&format!("{name} lse"), &out_lse, &want_lse, 1e-3);
 
-        let (flat_out, _) = run_prefill(&gpu, &p, &dev, &flat, true);
-        assert_close(&format!("{name} vs flat kernel"), &out, &flat_out, BF16_TOL);
+        for (kernel, (flat_out, _)) in run_prefill(&gpu, &p, &dev, &flat, true) {
+            assert_close(
+                &format!("{name} vs flat kernel {kernel:?}"),
+                &out,
+                &flat_out,
+                BF16_TOL,
+            );
+        }
     }
 }
 

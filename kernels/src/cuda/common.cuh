@@ -14,6 +14,10 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define FULL_MASK 0xffffffffu
+// Attention keeps its softmax in log2 units (exp2f is one instruction): scores times LOG2E,
+// and a log-sum-exp back in natural log times LN2.
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

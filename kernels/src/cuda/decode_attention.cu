@@ -34,8 +34,6 @@
 
 #define DECODE_WARPS 4
 #define DECODE_UNROLL 4
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 // A 16-byte load of K/V through the read-only path, not kept in L1: each K/V byte is read once
 // a step, so L1 has nothing to keep (measured: 3-4% more bandwidth on an H100).

@@ -10,14 +10,7 @@
 //   online softmax rescales the running output O (also in registers), and P = exp(S - m) is fed
 //   straight back into the P V product without touching shared memory.
 //
-// How the KV of a sequence is described (FlashInfer's page table with a length per entry)
-//   entries kv_indptr[s] .. kv_indptr[s+1] of kv_page_ids / kv_page_lens; entry e holds
-//   kv_page_lens[e] tokens at the start of page kv_page_ids[e]. Token k of the sequence
-//   ("logical index" k) is the k-th valid token walking the entries in order. Segments that end
-//   in a partly filled page are just entries with a short length.
-//   The block walks "slot space": every entry contributes page_size slots, empty slots are
-//   skipped by the mask. A 64-slot tile therefore covers several small pages or part of a big
-//   one, and page_size must be a power of two >= 16.
+// The KV is read tile by tile through the page table (page_tiles.cuh): 64 slots a tile.
 //
 // Causal mask: the queries of sequence s are its last q_len tokens, so query t has logical
 // index kv_len - q_len + t and sees logical indices <= its own. Without the mask (cascade
@@ -29,62 +22,14 @@
 #define BM 64
 #define BN 64
 #define PREFILL_WARPS 4
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 template <int D>
 struct PrefillShared {
     bf16 k[BN][D + 8];  // +8: rows 16 bytes apart in bank terms, so ldmatrix is conflict-free
     bf16 v[BN][D + 8];
-    int logical[2][BN];  // logical index of each slot of the tile, -1 if the slot is empty
-    int row[2][BN];      // cache row of each slot ((page * Hkv + kv_head) * page_size + offset)
-    int tile_start[2];   // logical index at which the tile begins
+    SlotTable<BN> tab[2];
     int reduce[PREFILL_WARPS];
 };
-
-struct SlotWalker {
-    // Written only by threads 0..63, which walk the tiles in order and agree on `base`.
-    int base;  // logical index of the first token of the next tile's first entry
-};
-
-// Fills the slot table of tile `j` (threads 0..BN-1, one slot each).
-template <int D>
-__device__ __forceinline__ void describe_tile(PrefillShared<D>& s, int buf, int j, SlotWalker& w,
-                                              const int* page_ids, const int* page_lens,
-                                              int num_entries, int page_size, int page_shift,
-                                              int num_pages, int num_kv_heads, int kv_head) {
-    const int c = threadIdx.x;
-    const bool big = page_size >= BN;
-    const int tiles_per_entry = big ? page_size / BN : 1;
-    const int entries_per_tile = big ? 1 : BN / page_size;
-    const int first = big ? j / tiles_per_entry : j * entries_per_tile;
-    const int sub = big ? j % tiles_per_entry : 0;
-    const int i = big ? 0 : c >> page_shift;
-    const int offset = big ? sub * BN + c : c & (page_size - 1);
-
-    // Logical start of this slot's entry: the running base plus the entries before it here.
-    int start = w.base, advance = 0;
-    for (int k = 0; k < entries_per_tile; ++k) {
-        const int e = first + k;
-        const int len = e < num_entries ? min(max(page_lens[e], 0), page_size) : 0;
-        if (k < i) start += len;
-        advance += len;
-    }
-    const int e = first + i;
-    int logical = -1, row = -1;
-    if (e < num_entries) {
-        const int len = min(max(page_lens[e], 0), page_size);
-        const int page = page_ids[e];
-        if (offset < len && page >= 0 && page < num_pages) {
-            logical = start + offset;
-            row = (page * num_kv_heads + kv_head) * page_size + offset;
-        }
-    }
-    s.logical[buf][c] = logical;
-    s.row[buf][c] = row;
-    if (c == 0) s.tile_start[buf] = w.base;
-    if (!big || sub == tiles_per_entry - 1) w.base += advance;
-}
 
 // Starts the asynchronous copy of one K or V tile into `dst`; empty slots become zeros. An FP8
 // tile is read into registers, turned into bf16 (code * scale) and stored: the tensor cores
@@ -137,17 +82,7 @@ __device__ __forceinline__ void prefill_attention(
     const int* page_ids = kv_page_ids + e0;
     const int* page_lens = kv_page_lens + e0;
 
-    // kv_len: the sequence's total KV tokens, which places its queries at the end.
-    int mine = 0;
-    for (int e = tid; e < num_entries; e += PREFILL_WARPS * 32)
-        mine += min(max(page_lens[e], 0), page_size);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(FULL_MASK, mine, o);
-    if (lane == 0) s.reduce[warp] = mine;
-    __syncthreads();
-    int kv_len = 0;
-#pragma unroll
-    for (int w = 0; w < PREFILL_WARPS; ++w) kv_len += s.reduce[w];
+    const int kv_len = sequence_kv_len(page_lens, num_entries, page_size, s.reduce);
 
     // The two rows this thread accumulates: r_a = 16 warp + lane/4 and r_a + 8.
     const int big_int = 0x7fffffff;
@@ -163,11 +98,9 @@ __device__ __forceinline__ void prefill_attention(
     const int q_hi = causal ? kv_len - q_len + last_row / group : big_int;
 
     SlotWalker walker{0};
-    const bool big = page_size >= BN;
-    const int num_tiles = big ? num_entries * (page_size / BN)
-                              : (num_entries + BN / page_size - 1) / (BN / page_size);
+    const int num_tiles = count_tiles<BN>(num_entries, page_size);
     if (tid < BN && num_tiles > 0)
-        describe_tile<D>(s, 0, 0, walker, page_ids, page_lens, num_entries, page_size, page_shift,
+        describe_tile<BN>(s.tab[0], 0, walker, page_ids, page_lens, num_entries, page_size, page_shift,
                          num_pages, num_kv_heads, kv_head);
 
     // Stage the Q tile through the K buffer and keep it in registers as mma A fragments.
@@ -197,16 +130,16 @@ __device__ __forceinline__ void prefill_attention(
     float l[2] = {0.f, 0.f};
     const float scale = sm_scale * LOG2E;  // scores in log2 units: exp2f is a single instruction
 
-    if (num_tiles > 0) load_tile<D, KV>(s.k, s.row[0], k_cache, k_scale);
+    if (num_tiles > 0) load_tile<D, KV>(s.k, s.tab[0].row, k_cache, k_scale);
     for (int j = 0; j < num_tiles; ++j) {
         const int b = j & 1;
         if (j + 1 < num_tiles && tid < BN)
-            describe_tile<D>(s, b ^ 1, j + 1, walker, page_ids, page_lens, num_entries, page_size,
+            describe_tile<BN>(s.tab[b ^ 1], j + 1, walker, page_ids, page_lens, num_entries, page_size,
                              page_shift, num_pages, num_kv_heads, kv_head);
         cp_async_wait_all();
         __syncthreads();
-        if (s.tile_start[b] > q_hi) break;  // causal: this tile and all later ones are future
-        load_tile<D, KV>(s.v, s.row[b], v_cache, v_scale);
+        if (s.tab[b].start > q_hi) break;  // causal: this tile and all later ones are future
+        load_tile<D, KV>(s.v, s.tab[b].row, v_cache, v_scale);
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 slots.
         float sc[BN / 8][4];
@@ -231,7 +164,7 @@ __device__ __forceinline__ void prefill_attention(
             for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const int kv = s.logical[b][nt * 8 + (lane & 3) * 2 + i];
+                    const int kv = s.tab[b].logical[nt * 8 + (lane & 3) * 2 + i];
                     float x = sc[nt][2 * h + i] * scale;
                     if (kv < 0 || kv > q_index[h]) x = neg_inf();
                     sc[nt][2 * h + i] = x;
@@ -265,7 +198,7 @@ __device__ __forceinline__ void prefill_attention(
 
         cp_async_wait_all();
         __syncthreads();
-        if (j + 1 < num_tiles) load_tile<D, KV>(s.k, s.row[b ^ 1], k_cache, k_scale);
+        if (j + 1 < num_tiles) load_tile<D, KV>(s.k, s.tab[b ^ 1].row, k_cache, k_scale);
 
         // O += P V: the score accumulators become the A operand directly.
 #pragma unroll

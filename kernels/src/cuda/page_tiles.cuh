@@ -1,0 +1,87 @@
+// KV tiles over a page table, shared by both prefill kernels (prefill_attention.cu and, on
+// Hopper, prefill_hopper.cu).
+//
+// How the KV of a sequence is described (FlashInfer's page table with a length per entry):
+//   entries kv_indptr[s] .. kv_indptr[s+1] of kv_page_ids / kv_page_lens; entry e holds
+//   kv_page_lens[e] tokens at the start of page kv_page_ids[e]. Token k of the sequence
+//   ("logical index" k) is the k-th valid token walking the entries in order. Segments that end
+//   in a partly filled page are just entries with a short length.
+// A kernel walks "slot space": every entry contributes page_size slots, empty slots are skipped
+// by the mask. A tile of TILE slots therefore covers several small pages or part of a big one,
+// and page_size must be a power of two >= 16.
+
+// One tile's slots: where each slot's K/V row lives in the cache and which token it holds.
+template <int TILE>
+struct SlotTable {
+    int logical[TILE];  // logical index of each slot, -1 if the slot is empty
+    int row[TILE];      // cache row of each slot ((page * Hkv + kv_head) * page_size + offset)
+    int start;          // logical index at which the tile begins
+};
+
+struct SlotWalker {
+    // Written only by threads 0..TILE-1, which walk the tiles in order and agree on `base`.
+    int base;  // logical index of the first token of the next tile's first entry
+};
+
+// Fills the slot table of tile `j` (threads 0..TILE-1, one slot each; tiles in order).
+template <int TILE>
+__device__ __forceinline__ void describe_tile(SlotTable<TILE>& t, int j, SlotWalker& w,
+                                              const int* page_ids, const int* page_lens,
+                                              int num_entries, int page_size, int page_shift,
+                                              int num_pages, int num_kv_heads, int kv_head) {
+    const int c = threadIdx.x;
+    const bool big = page_size >= TILE;
+    const int tiles_per_entry = big ? page_size / TILE : 1;
+    const int entries_per_tile = big ? 1 : TILE / page_size;
+    const int first = big ? j / tiles_per_entry : j * entries_per_tile;
+    const int sub = big ? j % tiles_per_entry : 0;
+    const int i = big ? 0 : c >> page_shift;
+    const int offset = big ? sub * TILE + c : c & (page_size - 1);
+
+    // Logical start of this slot's entry: the running base plus the entries before it here.
+    int start = w.base, advance = 0;
+    for (int k = 0; k < entries_per_tile; ++k) {
+        const int e = first + k;
+        const int len = e < num_entries ? min(max(page_lens[e], 0), page_size) : 0;
+        if (k < i) start += len;
+        advance += len;
+    }
+    const int e = first + i;
+    int logical = -1, row = -1;
+    if (e < num_entries) {
+        const int len = min(max(page_lens[e], 0), page_size);
+        const int page = page_ids[e];
+        if (offset < len && page >= 0 && page < num_pages) {
+            logical = start + offset;
+            row = (page * num_kv_heads + kv_head) * page_size + offset;
+        }
+    }
+    t.logical[c] = logical;
+    t.row[c] = row;
+    if (c == 0) t.start = w.base;
+    if (!big || sub == tiles_per_entry - 1) w.base += advance;
+}
+
+// How many TILE-slot tiles cover a sequence's `num_entries` page-table entries.
+template <int TILE>
+__device__ __forceinline__ int count_tiles(int num_entries, int page_size) {
+    return page_size >= TILE ? num_entries * (page_size / TILE)
+                             : (num_entries + TILE / page_size - 1) / (TILE / page_size);
+}
+
+// The sequence's total KV tokens (the sum of its entries' lengths), which places its queries at
+// the end. Every thread of the block gets it; `scratch` holds one int per warp.
+__device__ __forceinline__ int sequence_kv_len(const int* page_lens, int num_entries,
+                                               int page_size, int* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int mine = 0;
+    for (int e = threadIdx.x; e < num_entries; e += blockDim.x)
+        mine += min(max(page_lens[e], 0), page_size);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(FULL_MASK, mine, o);
+    if (lane == 0) scratch[warp] = mine;
+    __syncthreads();
+    int kv_len = 0;
+    for (int w = 0; w < warps; ++w) kv_len += scratch[w];
+    return kv_len;
+}

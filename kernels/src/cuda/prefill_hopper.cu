@@ -1,0 +1,253 @@
+// Paged prefill attention on Hopper (sm_90a): the FA2 kernel of prefill_attention.cu with its
+// matrix products moved to warpgroup MMAs (wgmma), after FlashAttention-3 (Shah et al., 2024).
+//
+// Why another kernel: mma.sync multiplies 16 x 8 tiles from registers, so every product first
+// copies its operands out of shared memory with ldmatrix, and on an H100 that tops out near a
+// third of the tensor cores' rate. wgmma multiplies a 64 x N tile whose B operand the tensor
+// cores read from shared memory themselves, asynchronously, for a whole warpgroup at once.
+//
+// Who does what
+//   grid = (query tiles, sequences, KV heads), heaviest causal tiles first; block = two
+//   warpgroups (256 threads). A block owns 128 rows (query token, q head of this KV head,
+//   folded as in the FA2 kernel); warpgroup g owns rows 64g..64g+63.
+//   Per 128-slot KV tile j:  S = Q K^T   one m64n128 wgmma chain per warpgroup, Q and K from
+//                                        shared memory (K as stored: "K-major");
+//                            softmax     in registers, as in the FA2 kernel;
+//                            O += P V    P from registers (the score accumulators, repacked to
+//                                        bf16: the accumulator layout is mma.sync's), V from
+//                                        shared memory read transposed, two m64n64 halves.
+//   Loads: every thread issues cp.async copies of tile j+1's K and V into the other stage of a
+//   two-stage ring while tile j is computed, each 16-byte chunk written at its swizzled place
+//   (wgmma.cuh). The slot tables (page_tiles.cuh) run two tiles ahead in a ring of three.
+//
+// One barrier per tile: it publishes tile j's copies (each thread waited for its own and
+// fenced them for the tensor cores) and proves every warp is done with tile j-1's stage and
+// slot table, which are then refilled. The same barrier tells whether tile j is "dense" (every
+// slot holds the next token), which with a tile wholly in every row's past skips the mask.
+
+#define HOP_M 128
+#define HOP_N 128
+#define HOP_D 128
+#define HOP_THREADS 256
+#define HOP_TILE_BYTES (HOP_N * HOP_D * 2)
+
+struct HopperShared {
+    bf16 q[HOP_M * HOP_D];   // [2 column blocks][128 rows][64], swizzled
+    bf16 k[2][HOP_N * HOP_D];
+    bf16 v[2][HOP_N * HOP_D];
+    SlotTable<HOP_N> tab[3];
+    int reduce[HOP_THREADS / 32];
+};
+
+// Starts the copy of one 128-slot K or V tile into `dst` (empty slots become zeros).
+__device__ __forceinline__ void hopper_load_tile(bf16* dst, const int* rows, const bf16* cache) {
+    char* base = reinterpret_cast<char*>(dst);
+    for (int id = threadIdx.x; id < HOP_N * (HOP_D / 8); id += HOP_THREADS) {
+        const int r = id >> 4, ch = id & 15;
+        const int row = rows[r];
+        const bf16* src = row >= 0 ? cache + (size_t)row * HOP_D + ch * 8 : cache;
+        cp_async_16(base + swizzled_offset(r, ch * 8, HOP_N), src, row >= 0 ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_hopper_d128(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
+    const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
+    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
+    float sm_scale, int causal) {
+    // The swizzle repeats every 1024 bytes, so the tiles start on a 1024-byte boundary.
+    extern __shared__ unsigned char raw_smem[];
+    const u32 raw = (u32)__cvta_generic_to_shared(raw_smem);
+    HopperShared& s = *reinterpret_cast<HopperShared*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
+
+    const int seq = blockIdx.y, kv_head = blockIdx.z;
+    const int group = num_q_heads / num_kv_heads;
+    const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
+    const int rows = q_len * group;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;  // long causal tiles start first
+    if (row0 >= rows) return;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;  // warpgroup: rows 64 wg ..
+    const int e0 = kv_indptr[seq];
+    const int num_entries = kv_indptr[seq + 1] - e0;
+    const int* page_ids = kv_page_ids + e0;
+    const int* page_lens = kv_page_lens + e0;
+    const int kv_len = sequence_kv_len(page_lens, num_entries, page_size, s.reduce);
+
+    // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
+    const int big_int = 0x7fffffff;
+    const int my_row = wg * 64 + (warp & 3) * 16 + (lane >> 2);
+    int q_index[2], q_token[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + my_row + 8 * h;
+        q_token[h] = r < rows ? r / group : -1;
+        q_index[h] = r >= rows ? -1 : (causal ? kv_len - q_len + r / group : big_int);
+    }
+    const int last_row = min(rows, row0 + HOP_M) - 1;
+    const int q_hi = causal ? kv_len - q_len + last_row / group : big_int;
+    const int q_lo = causal ? kv_len - q_len + row0 / group : big_int;
+
+    // Q tile (zeros past the last row), then the first two slot tables and KV tile 0.
+    for (int id = tid; id < HOP_M * (HOP_D / 8); id += HOP_THREADS) {
+        const int r = id >> 4, ch = id & 15;
+        const int gr = row0 + r;
+        const bf16* src = q;
+        if (gr < rows) {
+            const int t = gr / group, h = kv_head * group + gr % group;
+            src = q + ((size_t)(q0 + t) * num_q_heads + h) * HOP_D + ch * 8;
+        }
+        cp_async_16(reinterpret_cast<char*>(s.q) + swizzled_offset(r, ch * 8, HOP_M), src,
+                    gr < rows ? 16 : 0);
+    }
+    SlotWalker walker{0};
+    const int num_tiles = count_tiles<HOP_N>(num_entries, page_size);
+    for (int j = 0; j < 2 && j < num_tiles; ++j)
+        if (tid < HOP_N)
+            describe_tile<HOP_N>(s.tab[j], j, walker, page_ids, page_lens, num_entries,
+                                 page_size, page_shift, num_pages, num_kv_heads, kv_head);
+    __syncthreads();
+    if (num_tiles > 0) {
+        hopper_load_tile(s.k[0], s.tab[0].row, k_cache);
+        hopper_load_tile(s.v[0], s.tab[0].row, v_cache);
+    }
+    cp_async_commit();
+
+    const u32 q_addr = (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128;
+    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o_lo[i] = o_hi[i] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()};
+    float l[2] = {0.f, 0.f};
+    const float scale = sm_scale * LOG2E;
+
+    for (int j = 0; j < num_tiles; ++j) {
+        const int b = j & 1, t = j % 3;
+        cp_async_wait_all();
+        fence_async_shared();
+        const int dense = __syncthreads_and(tid >= HOP_N ||
+                                            s.tab[t].logical[tid] == s.tab[t].start + tid);
+        if (s.tab[t].start > q_hi) break;  // causal: this tile and all later ones are future
+        if (j + 1 < num_tiles) {
+            hopper_load_tile(s.k[b ^ 1], s.tab[(j + 1) % 3].row, k_cache);
+            hopper_load_tile(s.v[b ^ 1], s.tab[(j + 1) % 3].row, v_cache);
+        }
+        cp_async_commit();
+        if (j + 2 < num_tiles && tid < HOP_N)
+            describe_tile<HOP_N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
+                                 num_entries, page_size, page_shift, num_pages, num_kv_heads,
+                                 kv_head);
+
+        // S = Q K^T: 8 steps of 16 along head_dim, 4 in each 64-column block.
+        float sc[64];
+        const u32 k_addr = (u32)__cvta_generic_to_shared(s.k[b]);
+        fence_registers(sc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HOP_D / 16; ++kk) {
+            const u32 step = (kk >> 2) * (HOP_M * 128) + (kk & 3) * 32;
+            const u32 k_step = (kk >> 2) * (HOP_N * 128) + (kk & 3) * 32;
+            wgmma_m64n128k16_ss(sc, smem_descriptor(q_addr + step),
+                                smem_descriptor(k_addr + k_step), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(sc);
+
+        // Mask (unless every slot is a token every row sees), then the online softmax.
+        const bool visible = dense && s.tab[t].start + HOP_N - 1 <= q_lo;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float row_max = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < HOP_N / 8; ++nt) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    float x = sc[4 * nt + 2 * h + i] * scale;
+                    if (!visible) {
+                        const int kv = s.tab[t].logical[nt * 8 + (lane & 3) * 2 + i];
+                        if (kv < 0 || kv > q_index[h]) x = neg_inf();
+                    }
+                    sc[4 * nt + 2 * h + i] = x;
+                    row_max = fmaxf(row_max, x);
+                }
+            }
+            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 1));
+            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 2));
+            const float m_new = fmaxf(m[h], row_max);
+            const float m_use = m_new == neg_inf() ? 0.f : m_new;
+            const float alpha = exp2f(m[h] - m_use);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < HOP_N / 8; ++nt) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const float p = exp2f(sc[4 * nt + 2 * h + i] - m_use);
+                    sc[4 * nt + 2 * h + i] = p;
+                    sum += p;
+                }
+            }
+            l[h] = l[h] * alpha + sum;
+            m[h] = m_new;
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    o_lo[4 * jj + 2 * h + i] *= alpha;
+                    o_hi[4 * jj + 2 * h + i] *= alpha;
+                }
+            }
+        }
+
+        // O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major").
+        u32 pa[HOP_N / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < HOP_N / 16; ++kk) {
+            pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+        const u32 v_addr = (u32)__cvta_generic_to_shared(s.v[b]);
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HOP_N / 16; ++kk) {
+            wgmma_m64n64k16_rs(o_lo, pa[kk], smem_descriptor(v_addr + kk * 16 * 128));
+            wgmma_m64n64k16_rs(o_hi, pa[kk],
+                               smem_descriptor(v_addr + HOP_N * 128 + kk * 16 * 128));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+    }
+    cp_async_wait_all();
+
+    // Normalise and write this thread's two rows.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float total = l[h];
+        total += __shfl_xor_sync(FULL_MASK, total, 1);
+        total += __shfl_xor_sync(FULL_MASK, total, 2);
+        if (q_token[h] < 0) continue;
+        const int head = kv_head * group + (row0 + my_row + 8 * h) % group;
+        const size_t base = (size_t)(q0 + q_token[h]) * num_q_heads + head;
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        bf16* dst = out + base * HOP_D;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int col = jj * 8 + (lane & 3) * 2;
+            *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(
+                o_lo[4 * jj + 2 * h] * inv, o_lo[4 * jj + 2 * h + 1] * inv);
+            *reinterpret_cast<__nv_bfloat162*>(dst + 64 + col) = __floats2bfloat162_rn(
+                o_hi[4 * jj + 2 * h] * inv, o_hi[4 * jj + 2 * h + 1] * inv);
+        }
+        if (lse != nullptr && (lane & 3) == 0)
+            lse[base] = total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+    }
+}
