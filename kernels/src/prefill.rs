@@ -70,9 +70,9 @@ impl PrefillKernel {
     }
 }
 
-/// Dynamic shared memory of the Hopper kernel: Q, two stages of K and V (32 KiB each), three
-/// slot tables and eight ints, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
-const HOPPER_SHARED_BYTES: usize = 5 * 128 * 128 * 2 + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024;
+/// Dynamic shared memory of the Hopper kernel: Q, two stages of K and three of V (32 KiB each),
+/// three slot tables and eight ints, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
+const HOPPER_SHARED_BYTES: usize = 6 * 128 * 128 * 2 + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024;
 
 /// Attention of every query row over its sequence's KV. With `causal`, the queries of a
 /// sequence are its last tokens and each sees the KV up to its own position (the new tokens'

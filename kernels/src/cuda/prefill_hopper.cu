@@ -16,13 +16,16 @@
 //                            O += P V    P from registers (the score accumulators, repacked to
 //                                        bf16: the accumulator layout is mma.sync's), V from
 //                                        shared memory read transposed, two m64n64 halves.
-//   Loads: every thread issues cp.async copies of tile j+1's K and V into the other stage of a
-//   two-stage ring while tile j is computed, each 16-byte chunk written at its swizzled place
-//   (wgmma.cuh). The slot tables (page_tiles.cuh) run two tiles ahead in a ring of three.
+//   Tile j's P V is issued together with tile j+1's Q K^T, so the tensor cores work on it
+//   while the warps compute tile j+1's softmax (FlashAttention-3's intra-warpgroup overlap).
+//   Loads: every thread issues cp.async copies of tile j+1's K and V while tile j is computed,
+//   each 16-byte chunk written at its swizzled place (wgmma.cuh), into a ring of two K stages
+//   and three V stages (tile j's V is still read during tile j+1). The slot tables
+//   (page_tiles.cuh) run two tiles ahead in a ring of three.
 //
 // One barrier per tile: it publishes tile j's copies (each thread waited for its own and
-// fenced them for the tensor cores) and proves every warp is done with tile j-1's stage and
-// slot table, which are then refilled. The same barrier tells whether tile j is "dense" (every
+// fenced them for the tensor cores) and proves every warp is done with the stages and slot
+// table that are then refilled (tile j-1's K, tile j-2's V). The same barrier tells whether tile j is "dense" (every
 // slot holds the next token), which with a tile wholly in every row's past skips the mask.
 
 #define HOP_M 128
@@ -34,20 +37,58 @@
 struct HopperShared {
     bf16 q[HOP_M * HOP_D];   // [2 column blocks][128 rows][64], swizzled
     bf16 k[2][HOP_N * HOP_D];
-    bf16 v[2][HOP_N * HOP_D];
+    bf16 v[3][HOP_N * HOP_D];  // three stages: tile j's V is read during tile j + 1
     SlotTable<HOP_N> tab[3];
     int reduce[HOP_THREADS / 32];
 };
 
-// Starts the copy of one 128-slot K or V tile into `dst` (empty slots become zeros).
-__device__ __forceinline__ void hopper_load_tile(bf16* dst, const int* rows, const bf16* cache) {
-    char* base = reinterpret_cast<char*>(dst);
-    for (int id = threadIdx.x; id < HOP_N * (HOP_D / 8); id += HOP_THREADS) {
-        const int r = id >> 4, ch = id & 15;
-        const int row = rows[r];
-        const bf16* src = row >= 0 ? cache + (size_t)row * HOP_D + ch * 8 : cache;
-        cp_async_16(base + swizzled_offset(r, ch * 8, HOP_N), src, row >= 0 ? 16 : 0);
+// Starts the copy of one 128-slot tile of K and of V into `k_dst` and `v_dst` (empty slots
+// become zeros). Thread t copies chunk t % 16 of rows t / 16 + 16 i: its swizzled column is the
+// same in every row it copies, so the loop is 8 address increments.
+__device__ __forceinline__ void hopper_load_kv(bf16* k_dst, bf16* v_dst, const int* rows,
+                                               const bf16* k_cache, const bf16* v_cache) {
+    const int ch = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+    const u32 first = swizzled_offset(r0, ch * 8, HOP_N);
+#pragma unroll
+    for (int i = 0; i < HOP_N / 16; ++i) {
+        const int row = rows[r0 + 16 * i];
+        const size_t at = row >= 0 ? (size_t)row * HOP_D + ch * 8 : 0;
+        const u32 to = first + i * 16 * 128;
+        cp_async_16(reinterpret_cast<char*>(k_dst) + to, k_cache + at, row >= 0 ? 16 : 0);
+        cp_async_16(reinterpret_cast<char*>(v_dst) + to, v_cache + at, row >= 0 ? 16 : 0);
     }
+}
+
+// 2^x in one instruction (denormal results flush to zero, which probabilities can afford).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Issues S = Q K^T for this warpgroup's 64 rows: 8 steps of 16 along head_dim, 4 in each
+// 64-column block of the swizzled tiles. `q_addr` points at the warpgroup's first row.
+__device__ __forceinline__ void issue_scores(float (&sc)[64], u32 q_addr, u32 k_addr) {
+#pragma unroll
+    for (int kk = 0; kk < HOP_D / 16; ++kk) {
+        const u32 q_step = (kk >> 2) * (HOP_M * 128) + (kk & 3) * 32;
+        const u32 k_step = (kk >> 2) * (HOP_N * 128) + (kk & 3) * 32;
+        wgmma_m64n128k16_ss(sc, smem_descriptor(q_addr + q_step), smem_descriptor(k_addr + k_step),
+                            kk > 0);
+    }
+    wgmma_commit();
+}
+
+// Issues O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major"), the two
+// 64-column halves of the output separately.
+__device__ __forceinline__ void issue_pv(float (&o_lo)[32], float (&o_hi)[32],
+                                         const u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < HOP_N / 16; ++kk) {
+        wgmma_m64n64k16_rs(o_lo, pa[kk], smem_descriptor(v_addr + kk * 16 * 128));
+        wgmma_m64n64k16_rs(o_hi, pa[kk], smem_descriptor(v_addr + HOP_N * 128 + kk * 16 * 128));
+    }
+    wgmma_commit();
 }
 
 extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_hopper_d128(
@@ -110,10 +151,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
             describe_tile<HOP_N>(s.tab[j], j, walker, page_ids, page_lens, num_entries,
                                  page_size, page_shift, num_pages, num_kv_heads, kv_head);
     __syncthreads();
-    if (num_tiles > 0) {
-        hopper_load_tile(s.k[0], s.tab[0].row, k_cache);
-        hopper_load_tile(s.v[0], s.tab[0].row, v_cache);
-    }
+    if (num_tiles > 0) hopper_load_kv(s.k[0], s.v[0], s.tab[0].row, k_cache, v_cache);
     cp_async_commit();
 
     const u32 q_addr = (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128;
@@ -124,41 +162,46 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     float l[2] = {0.f, 0.f};
     const float scale = sm_scale * LOG2E;
 
-    for (int j = 0; j < num_tiles; ++j) {
-        const int b = j & 1, t = j % 3;
+    // Tile j's P V is issued in iteration j + 1, next to tile j + 1's Q K^T: the tensor cores
+    // multiply while the warps compute tile j + 1's softmax (FlashAttention-3's overlap within a
+    // warpgroup). P of the tile before waits in registers.
+    u32 pa[HOP_N / 16][4];
+    int done = 0;  // tiles whose scores are computed
+    for (; done < num_tiles; ++done) {
+        const int j = done, t = j % 3;
         cp_async_wait_all();
         fence_async_shared();
         const int dense = __syncthreads_and(tid >= HOP_N ||
                                             s.tab[t].logical[tid] == s.tab[t].start + tid);
         if (s.tab[t].start > q_hi) break;  // causal: this tile and all later ones are future
-        if (j + 1 < num_tiles) {
-            hopper_load_tile(s.k[b ^ 1], s.tab[(j + 1) % 3].row, k_cache);
-            hopper_load_tile(s.v[b ^ 1], s.tab[(j + 1) % 3].row, v_cache);
-        }
+        if (j + 1 < num_tiles)
+            hopper_load_kv(s.k[(j + 1) & 1], s.v[(j + 1) % 3], s.tab[(j + 1) % 3].row, k_cache,
+                           v_cache);
         cp_async_commit();
         if (j + 2 < num_tiles && tid < HOP_N)
             describe_tile<HOP_N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
                                  num_entries, page_size, page_shift, num_pages, num_kv_heads,
                                  kv_head);
 
-        // S = Q K^T: 8 steps of 16 along head_dim, 4 in each 64-column block.
         float sc[64];
-        const u32 k_addr = (u32)__cvta_generic_to_shared(s.k[b]);
         fence_registers(sc);
+        fence_registers(o_lo);
+        fence_registers(o_hi);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HOP_D / 16; ++kk) {
-            const u32 step = (kk >> 2) * (HOP_M * 128) + (kk & 3) * 32;
-            const u32 k_step = (kk >> 2) * (HOP_N * 128) + (kk & 3) * 32;
-            wgmma_m64n128k16_ss(sc, smem_descriptor(q_addr + step),
-                                smem_descriptor(k_addr + k_step), kk > 0);
+        issue_scores(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
+        if (j > 0) {
+            issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j - 1) % 3]));
+            wgmma_wait<1>();  // the scores; P V may still run
+        } else {
+            wgmma_wait<0>();
         }
-        wgmma_commit();
-        wgmma_wait<0>();
         fence_registers(sc);
 
-        // Mask (unless every slot is a token every row sees), then the online softmax.
+        // Mask (unless every slot is a token every row sees), then the online softmax. The
+        // maximum is taken over raw scores (sm_scale > 0 keeps their order) so that each
+        // probability is one fused multiply-add and one exp2: p = 2^(s * scale - m).
         const bool visible = dense && s.tab[t].start + HOP_N - 1 <= q_lo;
+        float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float row_max = neg_inf();
@@ -166,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
             for (int nt = 0; nt < HOP_N / 8; ++nt) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    float x = sc[4 * nt + 2 * h + i] * scale;
+                    float x = sc[4 * nt + 2 * h + i];
                     if (!visible) {
                         const int kv = s.tab[t].logical[nt * 8 + (lane & 3) * 2 + i];
                         if (kv < 0 || kv > q_index[h]) x = neg_inf();
@@ -177,33 +220,39 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
             }
             row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 1));
             row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 2));
-            const float m_new = fmaxf(m[h], row_max);
+            const float m_new = fmaxf(m[h], row_max * scale);
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            const float alpha = exp2f(m[h] - m_use);
+            alpha[h] = fast_exp2(m[h] - m_use);
             float sum = 0.f;
 #pragma unroll
             for (int nt = 0; nt < HOP_N / 8; ++nt) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const float p = exp2f(sc[4 * nt + 2 * h + i] - m_use);
+                    const float p = fast_exp2(fmaf(sc[4 * nt + 2 * h + i], scale, -m_use));
                     sc[4 * nt + 2 * h + i] = p;
                     sum += p;
                 }
             }
-            l[h] = l[h] * alpha + sum;
+            l[h] = l[h] * alpha[h] + sum;
             m[h] = m_new;
+        }
+
+        // Once the previous P V is done: rescale O and make this tile's P the pending one.
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        fence_registers(pa);
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
+        for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    o_lo[4 * jj + 2 * h + i] *= alpha;
-                    o_hi[4 * jj + 2 * h + i] *= alpha;
+                    o_lo[4 * jj + 2 * h + i] *= alpha[h];
+                    o_hi[4 * jj + 2 * h + i] *= alpha[h];
                 }
             }
         }
-
-        // O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major").
-        u32 pa[HOP_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < HOP_N / 16; ++kk) {
             pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -211,20 +260,16 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
             pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
             pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
-        const u32 v_addr = (u32)__cvta_generic_to_shared(s.v[b]);
+    }
+    if (done > 0) {  // the last tile's P V
         fence_registers(o_lo);
         fence_registers(o_hi);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HOP_N / 16; ++kk) {
-            wgmma_m64n64k16_rs(o_lo, pa[kk], smem_descriptor(v_addr + kk * 16 * 128));
-            wgmma_m64n64k16_rs(o_hi, pa[kk],
-                               smem_descriptor(v_addr + HOP_N * 128 + kk * 16 * 128));
-        }
-        wgmma_commit();
+        issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
         wgmma_wait<0>();
         fence_registers(o_lo);
         fence_registers(o_hi);
+        fence_registers(pa);
     }
     cp_async_wait_all();
 

@@ -55,6 +55,16 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments in registers, which an issued wgmma may still be reading: without
+// it the compiler could reuse their registers before the wait.
+template <int N>
+__device__ __forceinline__ void fence_registers(u32 (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(a[i][k])::"memory");
+}
+
 // Makes this thread's ordinary (and cp.async) shared-memory writes visible to the tensor
 // cores' reads of shared memory, which go through the "async proxy".
 __device__ __forceinline__ void fence_async_shared() {
