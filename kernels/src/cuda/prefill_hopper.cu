@@ -91,6 +91,63 @@ __device__ __forceinline__ void issue_pv(float (&o_lo)[32], float (&o_hi)[32],
     wgmma_commit();
 }
 
+// Sets to -inf the scores of slots a row must not see: empty slots and, causally, tokens after
+// the row's own. The accumulator holds (row r, slot 8 nt + 2 (lane % 4) + i) at 4 nt + 2 h + i,
+// h = 0 for this thread's first row and 1 for the row 8 below. A dense tile's slot c holds token
+// start + c; otherwise the slot table says.
+template <bool TABLE>
+__device__ __forceinline__ void mask_scores(float (&sc)[64], const int* logical, int start,
+                                            const int (&q_index)[2]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < HOP_N / 8; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int c = nt * 8 + (lane & 3) * 2 + i;
+            const int kv = TABLE ? logical[c] : start + c;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (kv < 0 || kv > q_index[h]) sc[4 * nt + 2 * h + i] = neg_inf();
+        }
+    }
+}
+
+// The online softmax of one tile for this thread's two rows: raises the running maxima `m`
+// (log2 units), turns the scores into probabilities 2^(s * scale - m), adds their sums into `l`
+// and returns each row's correction factor for what was accumulated before. The maximum is
+// taken over raw scores (sm_scale > 0 keeps their order), so each probability is one fused
+// multiply-add and one exp2; maxima and sums run in four independent chains a row.
+__device__ __forceinline__ void online_softmax(float (&sc)[64], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], float scale) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
+#pragma unroll
+        for (int nt = 0; nt < HOP_N / 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                mx[(nt & 1) * 2 + i] = fmaxf(mx[(nt & 1) * 2 + i], sc[4 * nt + 2 * h + i]);
+        float row_max = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
+        row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 2));
+        const float m_new = fmaxf(m[h], row_max * scale);
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;  // row fully masked so far
+        alpha[h] = fast_exp2(m[h] - m_use);
+        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < HOP_N / 8; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float p = fast_exp2(fmaf(sc[4 * nt + 2 * h + i], scale, -m_use));
+                sc[4 * nt + 2 * h + i] = p;
+                sum[(nt & 1) * 2 + i] += p;
+            }
+        }
+        l[h] = l[h] * alpha[h] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+        m[h] = m_new;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_hopper_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
@@ -197,59 +254,32 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
         }
         fence_registers(sc);
 
-        // Mask (unless every slot is a token every row sees), then the online softmax. The
-        // maximum is taken over raw scores (sm_scale > 0 keeps their order) so that each
-        // probability is one fused multiply-add and one exp2: p = 2^(s * scale - m).
-        const bool visible = dense && s.tab[t].start + HOP_N - 1 <= q_lo;
+        // Mask, then the online softmax. Most tiles need no mask: every slot holds the next
+        // token ("dense") and every row of the block sees all of them.
+        const int start = s.tab[t].start;
+        const bool seen_by_all = dense && start + HOP_N - 1 <= q_lo;
+        if (!seen_by_all && dense)
+            mask_scores<false>(sc, s.tab[t].logical, start, q_index);
+        else if (!seen_by_all)
+            mask_scores<true>(sc, s.tab[t].logical, start, q_index);
         float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float row_max = neg_inf();
-#pragma unroll
-            for (int nt = 0; nt < HOP_N / 8; ++nt) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    float x = sc[4 * nt + 2 * h + i];
-                    if (!visible) {
-                        const int kv = s.tab[t].logical[nt * 8 + (lane & 3) * 2 + i];
-                        if (kv < 0 || kv > q_index[h]) x = neg_inf();
-                    }
-                    sc[4 * nt + 2 * h + i] = x;
-                    row_max = fmaxf(row_max, x);
-                }
-            }
-            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 1));
-            row_max = fmaxf(row_max, __shfl_xor_sync(FULL_MASK, row_max, 2));
-            const float m_new = fmaxf(m[h], row_max * scale);
-            const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = fast_exp2(m[h] - m_use);
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < HOP_N / 8; ++nt) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const float p = fast_exp2(fmaf(sc[4 * nt + 2 * h + i], scale, -m_use));
-                    sc[4 * nt + 2 * h + i] = p;
-                    sum += p;
-                }
-            }
-            l[h] = l[h] * alpha[h] + sum;
-            m[h] = m_new;
-        }
+        online_softmax(sc, m, l, alpha, scale);
 
         // Once the previous P V is done: rescale O and make this tile's P the pending one.
         wgmma_wait<0>();
         fence_registers(o_lo);
         fence_registers(o_hi);
         fence_registers(pa);
+        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {  // a row's max grew
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
+            for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+                for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    o_lo[4 * jj + 2 * h + i] *= alpha[h];
-                    o_hi[4 * jj + 2 * h + i] *= alpha[h];
+                    for (int i = 0; i < 2; ++i) {
+                        o_lo[4 * jj + 2 * h + i] *= alpha[h];
+                        o_hi[4 * jj + 2 * h + i] *= alpha[h];
+                    }
                 }
             }
         }
