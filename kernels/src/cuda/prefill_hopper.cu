@@ -66,6 +66,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// A compile-time flag, for the two instantiations of a loop body.
+template <bool B>
+struct Flag {
+    static constexpr bool value = B;
+};
+
 // Issues S = Q K^T for this warpgroup's 64 rows: 8 steps of 16 along head_dim, 4 in each
 // 64-column block of the swizzled tiles. `q_addr` points at the warpgroup's first row.
 __device__ __forceinline__ void issue_scores(float (&sc)[64], u32 q_addr, u32 k_addr) {
@@ -148,6 +154,115 @@ __device__ __forceinline__ void online_softmax(float (&sc)[64], float (&m)[2], f
     }
 }
 
+// The walk of one block over its sequence's KV tiles, with what every tile needs: where the
+// KV is, this thread's rows, and the running softmax state and output.
+//
+// Tile j's P V is issued in step j + 1, next to tile j + 1's Q K^T: the tensor cores multiply
+// while the warps compute tile j + 1's softmax (FlashAttention-3's overlap within a warpgroup).
+// P of the tile before waits in registers. The first step has no P V to issue; it is a
+// separate instantiation so that neither has a branch around its wgmmas (ptxas serializes
+// wgmmas it cannot prove alone with their accumulators).
+struct HopperWalk {
+    HopperShared& s;
+    const bf16* k_cache;
+    const bf16* v_cache;
+    const int* page_ids;
+    const int* page_lens;
+    int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
+    int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
+    int q_lo, q_hi;  // the same for the block's first and last rows
+    u32 q_addr;      // this warpgroup's first Q row in shared memory
+    float scale;     // sm_scale in log2 units
+    SlotWalker walker;
+    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+    u32 pa[HOP_N / 16][4];     // the previous tile's P
+    float m[2], l[2];
+
+    // One tile: false when causality ends the walk before it.
+    template <bool FIRST>
+    __device__ __forceinline__ bool step(const int j) {
+        const int tid = threadIdx.x;
+        const int t = j % 3;
+        cp_async_wait_all();
+        fence_async_shared();
+        const int dense = __syncthreads_and(tid >= HOP_N ||
+                                            s.tab[t].logical[tid] == s.tab[t].start + tid);
+        if (s.tab[t].start > q_hi) return false;  // causal: this tile and all later are future
+        float sc[64];
+        fence_registers(sc);
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        wgmma_fence();
+        issue_scores(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
+        if constexpr (!FIRST)
+            issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j + 2) % 3]));
+
+        // While the tensor cores multiply: the copies of tile j+1, the slot table of tile j+2
+        // (whose reads of the page table would otherwise hold up the products' issue).
+        if (j + 1 < num_tiles)
+            hopper_load_kv(s.k[(j + 1) & 1], s.v[(j + 1) % 3], s.tab[(j + 1) % 3].row, k_cache,
+                           v_cache);
+        cp_async_commit();
+        if (j + 2 < num_tiles && tid < HOP_N)
+            describe_tile<HOP_N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
+                                 num_entries, page_size, page_shift, num_pages, num_kv_heads,
+                                 kv_head);
+        wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
+        fence_registers(sc);
+
+        // Mask, then the online softmax. Most tiles need no mask: every slot holds the next
+        // token ("dense") and every row of the block sees all of them.
+        const int start = s.tab[t].start;
+        const bool seen_by_all = dense && start + HOP_N - 1 <= q_lo;
+        if (!seen_by_all && dense)
+            mask_scores<false>(sc, s.tab[t].logical, start, q_index);
+        else if (!seen_by_all)
+            mask_scores<true>(sc, s.tab[t].logical, start, q_index);
+        float alpha[2];
+        online_softmax(sc, m, l, alpha, scale);
+
+        // Once the previous P V is done: rescale O and make this tile's P the pending one.
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        fence_registers(pa);
+        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {  // a row's max grew
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        o_lo[4 * jj + 2 * h + i] *= alpha[h];
+                        o_hi[4 * jj + 2 * h + i] *= alpha[h];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < HOP_N / 16; ++kk) {
+            pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+        return true;
+    }
+
+    // The last tile's P V, once the walk has computed `done` tiles' scores.
+    __device__ __forceinline__ void finish(const int done) {
+        if (done == 0) return;
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        wgmma_fence();
+        issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        fence_registers(pa);
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_hopper_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
@@ -211,102 +326,26 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     if (num_tiles > 0) hopper_load_kv(s.k[0], s.v[0], s.tab[0].row, k_cache, v_cache);
     cp_async_commit();
 
-    const u32 q_addr = (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128;
-    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+    HopperWalk w{s, k_cache, v_cache, page_ids, page_lens, num_entries, page_size, page_shift,
+                 num_pages, num_kv_heads, kv_head, num_tiles, {q_index[0], q_index[1]}, q_lo,
+                 q_hi, (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128, sm_scale * LOG2E,
+                 walker};
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o_lo[i] = o_hi[i] = 0.f;
-    float m[2] = {neg_inf(), neg_inf()};
-    float l[2] = {0.f, 0.f};
-    const float scale = sm_scale * LOG2E;
-
-    // Tile j's P V is issued in iteration j + 1, next to tile j + 1's Q K^T: the tensor cores
-    // multiply while the warps compute tile j + 1's softmax (FlashAttention-3's overlap within a
-    // warpgroup). P of the tile before waits in registers.
-    u32 pa[HOP_N / 16][4];
+    for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
+    w.m[0] = w.m[1] = neg_inf();
+    w.l[0] = w.l[1] = 0.f;
     int done = 0;  // tiles whose scores are computed
-    for (; done < num_tiles; ++done) {
-        const int j = done, t = j % 3;
-        cp_async_wait_all();
-        fence_async_shared();
-        const int dense = __syncthreads_and(tid >= HOP_N ||
-                                            s.tab[t].logical[tid] == s.tab[t].start + tid);
-        if (s.tab[t].start > q_hi) break;  // causal: this tile and all later ones are future
-        if (j + 1 < num_tiles)
-            hopper_load_kv(s.k[(j + 1) & 1], s.v[(j + 1) % 3], s.tab[(j + 1) % 3].row, k_cache,
-                           v_cache);
-        cp_async_commit();
-        if (j + 2 < num_tiles && tid < HOP_N)
-            describe_tile<HOP_N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
-                                 num_entries, page_size, page_shift, num_pages, num_kv_heads,
-                                 kv_head);
-
-        float sc[64];
-        fence_registers(sc);
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_scores(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
-        if (j > 0) {
-            issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j - 1) % 3]));
-            wgmma_wait<1>();  // the scores; P V may still run
-        } else {
-            wgmma_wait<0>();
-        }
-        fence_registers(sc);
-
-        // Mask, then the online softmax. Most tiles need no mask: every slot holds the next
-        // token ("dense") and every row of the block sees all of them.
-        const int start = s.tab[t].start;
-        const bool seen_by_all = dense && start + HOP_N - 1 <= q_lo;
-        if (!seen_by_all && dense)
-            mask_scores<false>(sc, s.tab[t].logical, start, q_index);
-        else if (!seen_by_all)
-            mask_scores<true>(sc, s.tab[t].logical, start, q_index);
-        float alpha[2];
-        online_softmax(sc, m, l, alpha, scale);
-
-        // Once the previous P V is done: rescale O and make this tile's P the pending one.
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
-        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {  // a row's max grew
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        o_lo[4 * jj + 2 * h + i] *= alpha[h];
-                        o_hi[4 * jj + 2 * h + i] *= alpha[h];
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < HOP_N / 16; ++kk) {
-            pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
-        }
+    if (num_tiles > 0 && w.step<true>(0)) {
+        done = 1;
+        while (done < num_tiles && w.step<false>(done)) ++done;
     }
-    if (done > 0) {  // the last tile's P V
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
-    }
+    w.finish(done);
     cp_async_wait_all();
 
     // Normalise and write this thread's two rows.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float total = l[h];
+        float total = w.l[h];
         total += __shfl_xor_sync(FULL_MASK, total, 1);
         total += __shfl_xor_sync(FULL_MASK, total, 2);
         if (q_token[h] < 0) continue;
@@ -318,11 +357,11 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
         for (int jj = 0; jj < 8; ++jj) {
             const int col = jj * 8 + (lane & 3) * 2;
             *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(
-                o_lo[4 * jj + 2 * h] * inv, o_lo[4 * jj + 2 * h + 1] * inv);
+                w.o_lo[4 * jj + 2 * h] * inv, w.o_lo[4 * jj + 2 * h + 1] * inv);
             *reinterpret_cast<__nv_bfloat162*>(dst + 64 + col) = __floats2bfloat162_rn(
-                o_hi[4 * jj + 2 * h] * inv, o_hi[4 * jj + 2 * h + 1] * inv);
+                w.o_hi[4 * jj + 2 * h] * inv, w.o_hi[4 * jj + 2 * h + 1] * inv);
         }
         if (lse != nullptr && (lane & 3) == 0)
-            lse[base] = total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+            lse[base] = total > 0.f ? (w.m[h] + log2f(total)) * LN2 : neg_inf();
     }
 }
