@@ -35,8 +35,11 @@ const K: &str = "prefill_attention";
 pub enum PrefillKernel {
     /// FlashAttention-2 on `mma.sync` (sm_80+, every head size and cache type).
     Mma,
-    /// The same on Hopper's warpgroup MMAs (sm_90a, head_dim 128, bf16 cache).
+    /// The same on Hopper's warpgroup MMAs (sm_90a, head_dim 128, bf16 cache): 128 rows a
+    /// block, KV tiles of 128 slots, one block a multiprocessor.
     Wgmma,
+    /// The Hopper kernel in blocks of 64 rows and KV tiles of 64 slots, two a multiprocessor.
+    WgmmaSmall,
 }
 
 impl PrefillKernel {
@@ -53,7 +56,7 @@ impl PrefillKernel {
     pub fn runs<C: CacheRead>(self, gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> bool {
         match self {
             Self::Mma => true,
-            Self::Wgmma => {
+            Self::Wgmma | Self::WgmmaSmall => {
                 gpu.arch().is_hopper()
                     && inputs.cache.head_dim == 128
                     && inputs.k_cache.fp8_scale().is_none()
@@ -64,15 +67,28 @@ impl PrefillKernel {
     /// Rows (query, head) per block, as in the kernel.
     fn block_rows(self) -> usize {
         match self {
-            Self::Mma => 64,
+            Self::Mma | Self::WgmmaSmall => 64,
             Self::Wgmma => 128,
+        }
+    }
+
+    /// The Hopper kernels' (warpgroups a block, KV slots a tile).
+    fn hopper_shape(self) -> Option<(usize, usize)> {
+        match self {
+            Self::Mma => None,
+            Self::Wgmma => Some((2, 128)),
+            Self::WgmmaSmall => Some((1, 64)),
         }
     }
 }
 
-/// Dynamic shared memory of the Hopper kernel: Q, two stages of K and three of V (32 KiB each),
-/// three slot tables and eight ints, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
-const HOPPER_SHARED_BYTES: usize = 6 * 128 * 128 * 2 + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024;
+/// Dynamic shared memory of a Hopper kernel of `wgs` warpgroups and `n`-slot tiles: Q (64 rows a
+/// warpgroup), two stages of K and three of V (head_dim 128, bf16), three slot tables and an int
+/// a warp, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
+fn hopper_shared_bytes(wgs: usize, n: usize) -> usize {
+    let row = 128 * 2;
+    64 * wgs * row + 5 * n * row + 3 * (2 * n + 1) * 4 + 4 * wgs * 4 + 1024
+}
 
 /// Attention of every query row over its sequence's KV. With `causal`, the queries of a
 /// sequence are its last tokens and each sees the KV up to its own position (the new tokens'
@@ -135,6 +151,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     check::aligned(K, "output", out_ptr)?;
     let name = match (kernel, d, fp8) {
         (PrefillKernel::Wgmma, _, _) => "prefill_attention_hopper_d128",
+        (PrefillKernel::WgmmaSmall, _, _) => "prefill_attention_hopper_d128_small",
         (_, 32, false) => "prefill_attention_d32",
         (_, 64, false) => "prefill_attention_d64",
         (_, _, false) => "prefill_attention_d128",
@@ -144,7 +161,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     };
     let source = match kernel {
         PrefillKernel::Mma => Source::PrefillAttention,
-        PrefillKernel::Wgmma => Source::PrefillHopper,
+        _ => Source::PrefillHopper,
     };
     let f = gpu.function(source, name)?;
     let ptrs = [
@@ -182,10 +199,10 @@ pub fn prefill_attention_on<C: CacheRead>(
         num_seqs as u32,
         inputs.cache.num_kv_heads as u32,
     );
-    let config = match kernel {
-        PrefillKernel::Mma => grid(blocks, 128),
-        PrefillKernel::Wgmma => {
-            let bytes = HOPPER_SHARED_BYTES as i32;
+    let config = match kernel.hopper_shape() {
+        None => grid(blocks, 128),
+        Some((wgs, n)) => {
+            let bytes = hopper_shared_bytes(wgs, n) as i32;
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes,
@@ -193,7 +210,7 @@ pub fn prefill_attention_on<C: CacheRead>(
             .during(K)?;
             LaunchConfig {
                 shared_mem_bytes: bytes as u32,
-                ..grid(blocks, 256)
+                ..grid(blocks, 128 * wgs as u32)
             }
         }
     };

@@ -29,12 +29,15 @@ __device__ __forceinline__ void describe_tile(SlotTable<TILE>& t, int j, SlotWal
                                               const int* page_ids, const int* page_lens,
                                               int num_entries, int page_size, int page_shift,
                                               int num_pages, int num_kv_heads, int kv_head) {
+    // Page sizes and TILE are powers of two: shifts instead of divisions.
+    constexpr int TILE_SHIFT = TILE == 128 ? 7 : TILE == 64 ? 6 : TILE == 32 ? 5 : 4;
+    static_assert((1 << TILE_SHIFT) == TILE, "TILE is a power of two from 16 to 128");
     const int c = threadIdx.x;
-    const bool big = page_size >= TILE;
-    const int tiles_per_entry = big ? page_size / TILE : 1;
-    const int entries_per_tile = big ? 1 : TILE / page_size;
-    const int first = big ? j / tiles_per_entry : j * entries_per_tile;
-    const int sub = big ? j % tiles_per_entry : 0;
+    const bool big = page_shift >= TILE_SHIFT;
+    const int tiles_per_entry = big ? 1 << (page_shift - TILE_SHIFT) : 1;
+    const int entries_per_tile = big ? 1 : 1 << (TILE_SHIFT - page_shift);
+    const int first = big ? j >> (page_shift - TILE_SHIFT) : j * entries_per_tile;
+    const int sub = big ? j & (tiles_per_entry - 1) : 0;
     const int i = big ? 0 : c >> page_shift;
     const int offset = big ? sub * TILE + c : c & (page_size - 1);
 
