@@ -162,7 +162,12 @@ pub fn merge_pieces_into(
     let rows = index.len() * heads;
     check::at_least(K, "parts.o", parts.o.len(), pieces * rows * head_dim)?;
     check::at_least(K, "parts.lse", parts.lse.len(), pieces * rows)?;
-    check::at_least(K, "scratch.o", scratch.o.len(), pieces / 2 * rows * head_dim)?;
+    check::at_least(
+        K,
+        "scratch.o",
+        scratch.o.len(),
+        pieces / 2 * rows * head_dim,
+    )?;
     check::at_least(K, "scratch.lse", scratch.lse.len(), pieces / 2 * rows)?;
     let (mut from, mut to) = (parts, scratch);
     let mut n = pieces;
