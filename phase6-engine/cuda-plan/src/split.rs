@@ -1,9 +1,9 @@
 //! Split-KV: KV that a few queries attend without the causal mask, cut into pieces attended at
 //! once and merged back by log-sum-exp (FlashDecoding's split for the prefill kernel).
 //!
-//! The prefill kernel gives each block 64 (query, head) rows of one sequence and one KV head.
-//! Few queries over a long KV make only a handful of blocks, each walking all of it one tile
-//! after the other: a 16-token query after a 16k-token cached context is 8 blocks on a GPU of
+//! The prefill kernel gives each block 64 (query, head) rows of one sequence and one KV head
+//! (128 on Hopper). Few queries over a long KV make only a handful of blocks, each walking all
+//! of it one tile after the other: a 16-token query after a 16k-token cached context is 8 blocks on a GPU of
 //! 132 multiprocessors, and its attention, not its matrix products, is most of the step. Such KV
 //! comes in two kinds, both seen whole by every query reading it: a cascade group's shared
 //! segment, and the part of a sequence's own KV that ends before its first new token (a
@@ -31,9 +31,9 @@ pub struct KvSplit {
 }
 
 impl KvSplit {
-    /// Pieces for `queries` query tokens over `tokens` unmasked tokens: enough blocks for two
-    /// per multiprocessor, no piece under `min_tokens`, at most [`MAX_PIECES`]; a power of two,
-    /// for the tree that merges them.
+    /// Pieces for `queries` query tokens over `tokens` unmasked tokens: enough blocks (of 64
+    /// rows) for two per multiprocessor, no piece under `min_tokens`, at most [`MAX_PIECES`]; a
+    /// power of two, for the tree that merges them.
     pub fn pieces(&self, queries: usize, tokens: usize) -> usize {
         let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
         let wanted = (2 * self.num_sms)
