@@ -63,7 +63,9 @@ pub struct CudaOptions {
     /// The shortest piece (at least a page) that KV attended without the causal mask is cut
     /// into: a cascade group's shared segment, or the cached context before a prefill's new
     /// tokens. Few queries over a long KV are attended in several pieces at once so that they
-    /// fill the GPU (`phase6_cuda_plan::split`).
+    /// fill the GPU (`phase6_cuda_plan::split`). A cut costs a gather and merges in every
+    /// layer, so by default KV under 1,024 tokens stays whole; the 16k-token context before 16
+    /// new tokens becomes 16 pieces, 128 blocks: one wave of the Hopper kernel.
     pub split_kv_min_tokens: usize,
     /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
     /// FP8 conversion instructions, compute capability 8.9 and newer).
@@ -80,7 +82,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            split_kv_min_tokens: 256,
+            split_kv_min_tokens: 512,
             kv_cache_dtype: KvDtype::BF16,
         }
     }
