@@ -128,9 +128,9 @@ impl Prefill {
     }
 }
 
-/// Unmasked KV attended in one call: no token belongs to two of its parts, so their results can
-/// be merged back into the main output at once. Each part (a cascade group's shared segment, or
-/// the visible head of one sequence's own KV) is cut into `pieces` ([`crate::split`]).
+/// Unmasked KV attended in one call: no query row belongs to two of its parts, so their results
+/// can be merged back into the main output at once. Each part (a cascade group's shared segment,
+/// or the visible head of one sequence's own KV) is cut into `pieces` ([`crate::split`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
     /// The gathered query rows: the level's distinct rows, part after part, once per piece.
@@ -140,13 +140,6 @@ pub struct Level {
     /// Sequence `p * parts + g` of this call is piece `p` of part `g`, over the rows of part
     /// `g` in the `p`-th copy of the distinct rows.
     pub groups: Prefill,
-}
-
-impl Level {
-    /// The level's distinct rows: where its merged result goes.
-    pub fn distinct_rows(&self) -> usize {
-        self.rows.len() / self.pieces
-    }
 }
 
 /// Everything one step uploads, in device row order.
@@ -445,7 +438,7 @@ mod tests {
         // a piece, each piece one sequence of the call.
         assert_eq!(plan.levels.len(), 1);
         let level = &plan.levels[0];
-        assert_eq!((level.pieces, level.distinct_rows()), (2, 2));
+        assert_eq!(level.pieces, 2);
         assert_eq!(level.rows, vec![0, 1, 0, 1]);
         assert_eq!(level.groups.q_indptr, vec![0, 2, 4]);
         assert_eq!(level.groups.table.indptr, vec![0, 2, 5]);
@@ -638,7 +631,7 @@ mod tests {
                 read[i].extend(causal);
             }
             for level in &plan.levels {
-                let d = level.distinct_rows();
+                let d = level.rows.len() / level.pieces;
                 prop_assert!(level.pieces.is_power_of_two());
                 prop_assert_eq!(level.rows.len(), level.pieces * d);
                 prop_assert!(level.rows.len() <= limits.max_tokens);
