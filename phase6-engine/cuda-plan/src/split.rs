@@ -3,14 +3,14 @@
 //!
 //! The prefill kernel gives each block 64 (query, head) rows of one sequence and one KV head
 //! (128 on Hopper). Few queries over a long KV make only a handful of blocks, each walking all
-//! of it one tile after the other: a 16-token query after a 16k-token cached context is 8 blocks on a GPU of
-//! 132 multiprocessors, and its attention, not its matrix products, is most of the step. Such KV
-//! comes in two kinds, both seen whole by every query reading it: a cascade group's shared
-//! segment, and the part of a sequence's own KV that ends before its first new token (a
-//! registered context, a cached prefix, earlier chunks of a chunked prefill). Each is cut into
-//! pieces by page entries; one unmasked prefill call attends every piece of a level, the
-//! queries gathered once per piece, and `kernels::merge::merge_pieces_into` folds the pieces
-//! into the causal part in a tree.
+//! of it one tile after the other: a 16-token query after a 16k-token cached context is 8
+//! blocks on a GPU of 132 multiprocessors, and its attention, not its matrix products, is most
+//! of the step. Such KV comes in two kinds, both seen whole by every query reading it: a
+//! cascade group's shared segment, and the part of a sequence's own KV that ends before its
+//! first new token (a registered context, a cached prefix, earlier chunks of a chunked
+//! prefill). Each is cut into pieces by page entries; one unmasked prefill call attends every
+//! piece of a level, the queries gathered once per piece, and
+//! `kernels::merge::merge_pieces_into` folds the pieces into the causal part in a tree.
 
 use std::ops::Range;
 
