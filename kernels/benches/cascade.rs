@@ -10,12 +10,19 @@
 //! also cuts the prefix into parts attended in parallel (the queries repeated once per part,
 //! inside the timed region) and merges the parts. Times are device times between CUDA events,
 //! the median of 15 batches of 10 calls. Without a GPU it says so and exits.
+//!
+//! A second table is one layer's attention in the chunk API's cached composition: 16 new tokens
+//! after a 40-token system prompt and a 1k-16k-token context, one sequence, pages of 256 (the
+//! engine's). One causal pass gives it 8 blocks, each walking the whole KV; split-KV (what the
+//! CUDA runner plans) attends the system prompt and context in pieces in one unmasked call, the
+//! new tokens' page causally, and merges the pieces in a tree (`merge_pieces_into`).
 
 mod common;
 
 use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention};
-use kernels::merge::{PartialState, merge_state};
+use kernels::gather::gather_rows;
+use kernels::merge::{PartialState, PartialStateMut, merge_pieces_into, merge_state};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
@@ -186,6 +193,120 @@ fn two<T>(pair: &mut [T; 2], p: usize) -> (&T, &mut T) {
     if p.is_multiple_of(2) { (b, a) } else { (a, b) }
 }
 
+/// New tokens of the cached composition, and its page size.
+const QUERY: usize = 16;
+const ENGINE_PAGE: usize = 256;
+
+/// One layer's attention of 16 new tokens after a 40-token system prompt and `context` tokens:
+/// page 0 holds the system prompt, the context's pages follow, the new tokens' page is last.
+/// Returns the device time of one causal pass, then of split-KV for each count of `pieces`,
+/// with the largest difference of a split output from the one pass.
+fn cached_composition(gpu: &Gpu, context: usize, pieces: &[usize]) -> (f64, Vec<(f64, f32)>) {
+    let context_pages = context.div_ceil(ENGINE_PAGE);
+    let shape = CacheShape {
+        num_pages: context_pages + 2,
+        num_kv_heads: HKV,
+        page_size: ENGINE_PAGE,
+        head_dim: D,
+    };
+    let own_page = (context_pages + 1) as u32;
+    let cache = Cache {
+        k: gpu.upload(&fill(shape.elements(), 4)).unwrap(),
+        v: gpu.upload(&fill(shape.elements(), 5)).unwrap(),
+        shape,
+        prefix_pages: context_pages + 1,
+    };
+    let q = gpu.upload(&fill(QUERY * HQ * D, 6)).unwrap();
+    // The entries before the new tokens: the system prompt's page, then the context's.
+    let visible: Vec<(u32, usize)> = std::iter::once((0, 40))
+        .chain((0..context_pages).map(|p| {
+            let n = (context - p * ENGINE_PAGE).min(ENGINE_PAGE);
+            (p as u32 + 1, n)
+        }))
+        .collect();
+    let rows = QUERY * HQ;
+    let one_indptr = gpu.upload(&[0, QUERY as i32]).unwrap();
+    let one_queries = PrefillQueries {
+        indptr: one_indptr.as_view(),
+        max_len: QUERY,
+    };
+
+    let mut whole = HostPageTable::new(ENGINE_PAGE);
+    whole.push_seq(visible.iter().copied().chain([(own_page, QUERY)]));
+    let whole = whole.upload(gpu).unwrap();
+    let mut o_one = gpu.zeros::<bf16>(rows * D).unwrap();
+    let one_s = time(gpu, &mut || {
+        prefill_attention(
+            gpu,
+            &cache.inputs(&q, &whole),
+            &one_queries,
+            true,
+            &mut o_one,
+            None,
+        )
+        .unwrap()
+    });
+    let want = gpu.download(&o_one).unwrap();
+
+    let mut own = HostPageTable::new(ENGINE_PAGE);
+    own.push_seq([(own_page, QUERY)]);
+    let own = own.upload(gpu).unwrap();
+    let mut o = gpu.zeros::<bf16>(rows * D).unwrap();
+    let mut lse = gpu.zeros::<f32>(rows).unwrap();
+    let split = pieces
+        .iter()
+        .map(|&p| {
+            let mut table = HostPageTable::new(ENGINE_PAGE);
+            let e = visible.len();
+            for i in 0..p {
+                table.push_seq(visible[i * e / p..(i + 1) * e / p].iter().copied());
+            }
+            let table = table.upload(gpu).unwrap();
+            let index: Vec<u32> = (0..p).flat_map(|_| 0..QUERY as u32).collect();
+            let index = gpu.upload(&index).unwrap();
+            let indptr: Vec<i32> = (0..=p).map(|i| (i * QUERY) as i32).collect();
+            let indptr = gpu.upload(&indptr).unwrap();
+            let queries = PrefillQueries {
+                indptr: indptr.as_view(),
+                max_len: QUERY,
+            };
+            let mut q_parts = gpu.zeros::<bf16>(p * rows * D).unwrap();
+            let mut o_parts = gpu.zeros::<bf16>(p * rows * D).unwrap();
+            let mut lse_parts = gpu.zeros::<f32>(p * rows).unwrap();
+            let mut lse_scratch = gpu.zeros::<f32>(p * rows).unwrap();
+            let secs = time(gpu, &mut || {
+                let own_inputs = cache.inputs(&q, &own);
+                prefill_attention(gpu, &own_inputs, &one_queries, true, &mut o, Some(&mut lse))
+                    .unwrap();
+                gather_rows(gpu, &q, QUERY, &index, &mut q_parts, HQ * D).unwrap();
+                let parts_inputs = cache.inputs(&q_parts, &table);
+                let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse_parts;
+                prefill_attention(
+                    gpu,
+                    &parts_inputs,
+                    &queries,
+                    false,
+                    &mut o_parts,
+                    Some(lse_out),
+                )
+                .unwrap();
+                let parts = PartialStateMut {
+                    o: o_parts.as_view_mut(),
+                    lse: lse_parts.as_view_mut(),
+                };
+                let scratch = PartialStateMut {
+                    o: q_parts.as_view_mut(),
+                    lse: lse_scratch.as_view_mut(),
+                };
+                let first = index.slice(..QUERY);
+                merge_pieces_into(gpu, &mut o, &mut lse, parts, scratch, p, &first, HQ, D).unwrap();
+            });
+            (secs, max_abs_diff(&want, &gpu.download(&o).unwrap()))
+        })
+        .collect();
+    (one_s, split)
+}
+
 fn max_abs_diff(a: &[bf16], b: &[bf16]) -> f32 {
     a.iter()
         .zip(b)
@@ -240,5 +361,28 @@ fn main() {
                 max_abs_diff(&flat_out, &split_out)
             );
         }
+    }
+
+    let pieces = [4, 8, 16, 32];
+    println!(
+        "\none layer's attention of {QUERY} new tokens after a 40-token system prompt and a \
+         context, one sequence, pages of {ENGINE_PAGE}: one causal pass vs split-KV in pieces\n"
+    );
+    println!(
+        "| context | one pass (us) | {} | best speed-up | max abs diff |",
+        pieces.map(|p| format!("{p} pieces (us)")).join(" | ")
+    );
+    println!("|---:|---:|{}---:|---:|", "---:|".repeat(pieces.len()));
+    for context in [1000, 4000, 16000] {
+        let (one, split) = cached_composition(&gpu, context, &pieces);
+        let best = split.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+        let diff = split.iter().map(|s| s.1).fold(0.0, f32::max);
+        let cells: Vec<String> = split.iter().map(|s| format!("{:.1}", s.0 * 1e6)).collect();
+        println!(
+            "| {context} | {:.1} | {} | {:.1}x | {diff:.1e} |",
+            one * 1e6,
+            cells.join(" | "),
+            one / best
+        );
     }
 }

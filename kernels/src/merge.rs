@@ -4,8 +4,12 @@
 //! their queries over the shared pages in one pass (no causal mask: every query comes after
 //! the prefix), then each request's attention over its own pages, and merges the two partial
 //! states per (query, head). The decode kernel puts a sequence shared between blocks back together the same way.
+//!
+//! Split-KV attention (FlashDecoding's idea, for a few queries over a long KV): the KV is cut
+//! into pieces attended at once, each piece by its own blocks, and [`merge_pieces_into`] folds
+//! the pieces' states back together in a tree of [`merge_state`] calls, log2(pieces) launches.
 
-use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::check;
@@ -20,6 +24,14 @@ use crate::source::Source;
 pub struct PartialState<'a> {
     pub o: CudaView<'a, bf16>,
     pub lse: CudaView<'a, f32>,
+}
+
+/// Partial states that [`merge_pieces_into`] may overwrite: `o: bf16[rows, head_dim]`,
+/// `lse: f32[rows]`, as in [`PartialState`].
+#[derive(Debug)]
+pub struct PartialStateMut<'a> {
+    pub o: CudaViewMut<'a, bf16>,
+    pub lse: CudaViewMut<'a, f32>,
 }
 
 /// `out` (and `lse_out` if given) = the merge of `a` and `b`, for `rows` rows of `head_dim`.
@@ -119,4 +131,67 @@ pub fn merge_state_into(
     let threads = check::int(K, "rows * heads", rows * heads)? as usize;
     unsafe { launch.launch(grid((threads.div_ceil(128) as u32, 1, 1), 128)) }.during(K)?;
     Ok(())
+}
+
+/// Folds `pieces` partial states of the same gathered rows into the main state, in place: the
+/// split-KV form of [`merge_state_into`]. `parts` holds the pieces one after the other, each
+/// `[index.len(), heads, head_dim]` (and `[index.len(), heads]` of lse), as one prefill call over
+/// a table of one sequence per piece writes them; `pieces` must be a power of two. Pieces are
+/// merged pairwise, half of them into `scratch` (room for half the pieces), then back, until one
+/// is left, which is merged into `(o, lse)` at the rows `index` names. `parts` and `scratch` are
+/// overwritten. An empty piece (lse `-inf`) weighs nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_pieces_into(
+    gpu: &Gpu,
+    o: &mut impl DevicePtrMut<bf16>,
+    lse: &mut impl DevicePtrMut<f32>,
+    parts: PartialStateMut<'_>,
+    scratch: PartialStateMut<'_>,
+    pieces: usize,
+    index: &impl DevicePtr<u32>,
+    heads: usize,
+    head_dim: usize,
+) -> Result<()> {
+    const K: &str = "merge_pieces_into";
+    if !pieces.is_power_of_two() {
+        return Err(check::invalid(
+            K,
+            format!("{pieces} pieces: a power of two is merged as a tree"),
+        ));
+    }
+    let rows = index.len() * heads;
+    check::at_least(K, "parts.o", parts.o.len(), pieces * rows * head_dim)?;
+    check::at_least(K, "parts.lse", parts.lse.len(), pieces * rows)?;
+    check::at_least(
+        K,
+        "scratch.o",
+        scratch.o.len(),
+        pieces / 2 * rows * head_dim,
+    )?;
+    check::at_least(K, "scratch.lse", scratch.lse.len(), pieces / 2 * rows)?;
+    let (mut from, mut to) = (parts, scratch);
+    let mut n = pieces;
+    while n > 1 {
+        let half = n / 2;
+        let (split_o, split_lse) = (half * rows * head_dim, half * rows);
+        let a = PartialState {
+            o: from.o.slice(..split_o),
+            lse: from.lse.slice(..split_lse),
+        };
+        let b = PartialState {
+            o: from.o.slice(split_o..2 * split_o),
+            lse: from.lse.slice(split_lse..2 * split_lse),
+        };
+        let mut out_lse = to.lse.slice_mut(..split_lse);
+        let lse_out: &mut dyn DevicePtrMut<f32> = &mut out_lse;
+        let mut out = to.o.slice_mut(..split_o);
+        merge_state(gpu, &a, &b, &mut out, Some(lse_out), half * rows, head_dim)?;
+        std::mem::swap(&mut from, &mut to);
+        n = half;
+    }
+    let merged = PartialState {
+        o: from.o.slice(..rows * head_dim),
+        lse: from.lse.slice(..rows),
+    };
+    merge_state_into(gpu, o, lse, &merged, index, heads, head_dim)
 }

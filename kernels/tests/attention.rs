@@ -1,11 +1,13 @@
-//! Paged prefill and decode attention, split-K, and cascade merges against a CPU reference
+//! Paged prefill and decode attention, split-K, cascade and split-KV merges against a CPU reference
 //! in f64, over page tables with partly filled pages in the middle of a sequence.
 
 mod common;
 
 use common::*;
 use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
-use kernels::merge::{PartialState, merge_state, merge_state_into};
+use kernels::merge::{
+    PartialState, PartialStateMut, merge_pieces_into, merge_state, merge_state_into,
+};
 use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
 };
@@ -707,6 +709,148 @@ fn merge_state_into_gathered_rows_equals_merge_state() {
             }
         }
     }
+}
+
+/// Folds `pieces` partial states (`parts`, piece after piece) into `(o, lse)` at `index`, with
+/// scratch for half of them.
+#[allow(clippy::too_many_arguments)]
+fn merge_pieces(
+    gpu: &Gpu,
+    (o, lse): (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
+    parts: (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
+    scratch: (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
+    pieces: usize,
+    index: &CudaSlice<u32>,
+    heads: usize,
+    d: usize,
+) -> kernels::Result<()> {
+    let parts = PartialStateMut {
+        o: parts.0.as_view_mut(),
+        lse: parts.1.as_view_mut(),
+    };
+    let scratch = PartialStateMut {
+        o: scratch.0.as_view_mut(),
+        lse: scratch.1.as_view_mut(),
+    };
+    merge_pieces_into(gpu, o, lse, parts, scratch, pieces, index, heads, d)
+}
+
+/// Split-KV prefill: a few queries over a long prefix, the prefix cut into pieces attended in
+/// one unmasked call (the queries repeated once a piece), the own pages attended causally, and
+/// the pieces folded into that by merge_pieces_into: flat attention back, empty pieces included,
+/// on every prefill kernel the device has.
+#[test]
+fn split_kv_pieces_merged_equal_one_pass() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(31);
+    let (d, hq, hkv, ps, q_len) = (128, 4, 2, 16, 16);
+    let mut cache = Cache::new(shape(d, hkv, ps, 64), &mut rng);
+    // Three segments ending in partial pages: 24 entries.
+    let segments = [40, 300, 27].map(|n| cache.segment(n, &mut rng));
+    let prefix = SeqKv::concat(&segments.iter().collect::<Vec<_>>());
+    let own = cache.segment(24, &mut rng);
+    let p = Problem {
+        hq,
+        q: to_bf16(&rng.normals(q_len * hq * d, 1.0)),
+        cache,
+        seqs: vec![SeqKv::concat(&[&prefix, &own])],
+        q_lens: vec![q_len],
+    };
+    let dev = upload(&gpu, &p);
+    let (want, want_lse) = p.reference(&p.seqs, true);
+    let one_pass = run_prefill(&gpu, &p, &dev, &p.seqs, true);
+    let rows = q_len * hq;
+    let entries = prefix.entries.len();
+    let q_indptr = gpu.upload(&p.q_indptr()).unwrap();
+    let own_queries = PrefillQueries {
+        indptr: q_indptr.as_view(),
+        max_len: q_len,
+    };
+    let own_table = p.table(std::slice::from_ref(&own)).upload(&gpu).unwrap();
+    let own_inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &dev.q, &own_table);
+    let index = gpu.upload(&(0..q_len as u32).collect::<Vec<_>>()).unwrap();
+    let poisoned = |n: usize| {
+        (
+            gpu.upload(&poison_bf16(n * rows * d)).unwrap(),
+            gpu.upload(&poison_f32(n * rows)).unwrap(),
+        )
+    };
+    for (kernel, (one_out, _)) in &one_pass {
+        for pieces in [1, 4, 32] {
+            // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty.
+            let mut table = HostPageTable::new(ps);
+            for i in 0..pieces {
+                let range = i * entries / pieces..(i + 1) * entries / pieces;
+                table.push_seq(prefix.entries[range].iter().copied());
+            }
+            let table = table.upload(&gpu).unwrap();
+            let q_pieces = gpu.upload(&p.q.repeat(pieces)).unwrap();
+            let indptr: Vec<i32> = (0..=pieces).map(|i| (i * q_len) as i32).collect();
+            let indptr = gpu.upload(&indptr).unwrap();
+            let queries = PrefillQueries {
+                indptr: indptr.as_view(),
+                max_len: q_len,
+            };
+            let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_pieces, &table);
+            let (mut parts_o, mut parts_lse) = poisoned(pieces);
+            let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut parts_lse;
+            prefill_attention_on(
+                &gpu,
+                *kernel,
+                &inputs,
+                &queries,
+                false,
+                &mut parts_o,
+                Some(lse_out),
+            )
+            .unwrap();
+            let (mut o, mut lse) = poisoned(1);
+            let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse;
+            prefill_attention_on(
+                &gpu,
+                *kernel,
+                &own_inputs,
+                &own_queries,
+                true,
+                &mut o,
+                Some(lse_out),
+            )
+            .unwrap();
+            let (mut scratch_o, mut scratch_lse) = poisoned((pieces / 2).max(1));
+            merge_pieces(
+                &gpu,
+                (&mut o, &mut lse),
+                (&mut parts_o, &mut parts_lse),
+                (&mut scratch_o, &mut scratch_lse),
+                pieces,
+                &index,
+                hq,
+                d,
+            )
+            .unwrap();
+            let (out, out_lse) = download(&gpu, &o, &lse);
+            let name = format!("split-KV prefill {kernel:?} in {pieces} pieces");
+            assert_close(&name, &out, &want, BF16_TOL);
+            assert_close(&format!("{name} lse"), &out_lse, &want_lse, 1e-3);
+            assert_close(&format!("{name} vs one pass"), &out, one_out, BF16_TOL);
+        }
+    }
+
+    // Pieces are merged as a tree: three are refused.
+    let ((mut o, mut lse), (mut parts_o, mut parts_lse)) = (poisoned(1), poisoned(3));
+    let (mut scratch_o, mut scratch_lse) = poisoned(2);
+    let err = merge_pieces(
+        &gpu,
+        (&mut o, &mut lse),
+        (&mut parts_o, &mut parts_lse),
+        (&mut scratch_o, &mut scratch_lse),
+        3,
+        &index,
+        hq,
+        d,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("power of two"), "{err}");
 }
 
 #[test]

@@ -12,7 +12,7 @@
 //! with collectives in between (chapter 6.5).
 
 use kernels::decode::{self, DecodeWorkspace};
-use kernels::merge::{self, PartialState};
+use kernels::merge::{self, PartialStateMut};
 use kernels::paged::{AttentionInputs, CacheRead, CacheShape, Fp8Cache, Fp8CacheMut, PageTable};
 use kernels::prefill::{self, PrefillQueries};
 use kernels::rope::{self, RopeStore};
@@ -140,10 +140,12 @@ pub(crate) struct PrefillPart<'a> {
     pub max_q: usize,
 }
 
-/// Cascade groups attended in one call: gathered `rows`, attended unmasked to each group's
-/// shared segment, merged back.
+/// Unmasked KV attended in one call (`phase6_cuda_plan::Level`): the gathered `rows`, once per
+/// piece, attend their pieces of cascade groups' shared segments and of long visible prefixes;
+/// the pieces are merged in a tree and into the rows' main state.
 pub(crate) struct LevelPart<'a> {
     pub rows: CudaView<'a, u32>,
+    pub pieces: usize,
     pub groups: PrefillPart<'a>,
 }
 
@@ -195,6 +197,9 @@ pub struct Activations {
     part_q: CudaSlice<bf16>,
     part_o: CudaSlice<bf16>,
     part_lse: CudaSlice<f32>,
+    /// The log-sum-exp half of the scratch a level's pieces are merged through; `part_q`, free
+    /// once the level's queries are attended, holds the outputs.
+    merge_lse: CudaSlice<f32>,
     decode_ws: DecodeWorkspace,
     /// The lm_head's input rows `[seqs, hidden]` and output `[seqs, vocab]`.
     last: CudaSlice<bf16>,
@@ -221,7 +226,7 @@ impl Activations {
         let part_q = bf(tokens * qw)?;
         let part_o = bf(tokens * qw)?;
         let last = bf(seqs * m.hidden)?;
-        bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs);
+        bytes += 4 * (3 * tokens * hq + seqs * m.vocab + seqs);
         let decode_ws = DecodeWorkspace::new(gpu, m.head_dim)?;
         bytes += decode_ws.bytes();
         bytes += 4 * split_k::MAX_PARTIALS;
@@ -237,6 +242,7 @@ impl Activations {
             part_q,
             part_o,
             part_lse: gpu.zeros(tokens * hq)?,
+            merge_lse: gpu.zeros(tokens * hq)?,
             decode_ws,
             last,
             logits: gpu.zeros(seqs * m.vocab)?,
@@ -594,9 +600,9 @@ pub(crate) fn copy_kv_rotated(
 }
 
 /// Attention of every row (its K/V already stored) into `a.attn`: decode rows through the
-/// decode kernel, prefill rows through the prefill kernel, each over its own segments; then
-/// each cascade level attends its shared segments once for all its queries and is merged in
-/// by log-sum-exp.
+/// decode kernel, prefill rows through the prefill kernel (causal), each over its own segments;
+/// then each level attends its unmasked KV (cascade groups' shared segments, once for all their
+/// queries; the visible head of a prefill's own KV) in pieces at once, merged in by log-sum-exp.
 fn attention(
     gpu: &Gpu,
     m: &Dims,
@@ -675,12 +681,20 @@ fn attend<C: CacheRead>(
         };
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         prefill::prefill_attention(gpu, &inputs, &queries, false, &mut a.part_o, Some(lse))?;
-        let part = PartialState {
-            o: a.part_o.slice(..n * qw),
-            lse: a.part_lse.slice(..n * hq),
+        let parts = PartialStateMut {
+            o: a.part_o.slice_mut(..n * qw),
+            lse: a.part_lse.slice_mut(..n * hq),
+        };
+        let scratch = PartialStateMut {
+            o: a.part_q.slice_mut(..),
+            lse: a.merge_lse.slice_mut(..),
         };
         let (mut out, mut lse) = (a.attn.slice_mut(..t * qw), a.lse.slice_mut(..t * hq));
-        merge::merge_state_into(gpu, &mut out, &mut lse, &part, &level.rows, hq, m.head_dim)?;
+        let index = level.rows.slice(..n / level.pieces);
+        let (pieces, d) = (level.pieces, m.head_dim);
+        merge::merge_pieces_into(
+            gpu, &mut out, &mut lse, parts, scratch, pieces, &index, hq, d,
+        )?;
     }
     Ok(())
 }

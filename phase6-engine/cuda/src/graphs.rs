@@ -17,8 +17,8 @@ use kernels::{CudaView, Gpu, Result};
 use phase2::ForwardBatch;
 
 use crate::forward::{Activations, DeviceModel, Dims, KvCache};
-use crate::plan::{Limits, StepPlan};
 use crate::staging::{self, Region, Staging};
+use phase6_cuda_plan::{Limits, StepPlan};
 
 struct Bucket {
     size: usize,

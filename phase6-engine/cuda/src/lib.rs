@@ -12,7 +12,6 @@
 pub mod forward;
 mod graphs;
 pub mod overlap;
-mod plan;
 mod runner;
 mod staging;
 

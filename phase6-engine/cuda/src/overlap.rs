@@ -19,9 +19,7 @@ use phase5::{Engine, StepOutput};
 use phase6::StepDriver;
 use phase6_chunks::ChunkRunner;
 
-/// The input token of a decode step launched while the step before it still runs: "the token
-/// this sequence samples in the step launched just before". It is never a real token id.
-pub const PENDING_TOKEN: TokenId = TokenId::MAX;
+pub use phase6_cuda_plan::PENDING_TOKEN;
 
 /// A runner that queues steps on a device and returns before they have run.
 pub trait QueuedRunner: ModelRunner {

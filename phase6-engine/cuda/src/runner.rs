@@ -4,14 +4,16 @@
 //! uploads the weights in bf16 (q/k/v and gate/up fused), allocates every activation buffer for
 //! the largest step it will be given, and sizes one K and one V buffer for all layers from what
 //! is left of `gpu_memory_utilization` of the device's memory, as vLLM does. Each step is
-//! planned on the host ([`plan`]), uploaded in one copy ([`staging`]) and queued as one
+//! planned on the host ([`phase6_cuda_plan`]), uploaded in one copy ([`staging`]) and queued as one
 //! sequence of launches ([`forward`]) with no host synchronisation until the results are read
 //! back: the logits, or only the token ids when sampling on the device. Decode steps are
 //! replayed from CUDA graphs unless `enforce_eager` is set ([`crate::graphs`]). Steps may also
 //! be launched without waiting ([`QueuedRunner`]): the engine then decides the next step while
 //! this one runs, and a decode's input can be the token the step before samples, which the
 //! runner takes on the device ([`crate::overlap`]). Segments several sequences of a step share
-//! are attended as cascade groups ([`phase6_chunks::plan_cascade`]).
+//! are attended as cascade groups ([`phase6_chunks::plan_cascade`]), and KV that few queries
+//! see whole (a shared segment, the cached context before a prefill's new tokens) in pieces
+//! attended at once ([`phase6_cuda_plan::split`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -27,8 +29,8 @@ use phase6_chunks::{CascadeStats, ChunkRunner, SharedSegment, check_copy_kv, pla
 use crate::forward::{self, Activations, DeviceModel, Dims, KvCache};
 use crate::graphs::{self, DecodeGraphs};
 use crate::overlap::{PENDING_TOKEN, QueuedRunner};
-use crate::plan::{CascadeSplit, Limits, StepPlan};
 use crate::staging::Staging;
+use phase6_cuda_plan::{KvSplit, Limits, StepPlan};
 use phase6_cuda_weights::{DeviceWeights, device_error, driver_error};
 
 /// cuBLAS's fixed scratch memory (what Hopper GEMMs ask for at most).
@@ -58,9 +60,13 @@ pub struct CudaOptions {
     pub max_num_seqs: usize,
     /// Launch every kernel of every step one by one (no CUDA graphs): for debugging.
     pub enforce_eager: bool,
-    /// The shortest piece a cascade group's shared segment is cut into: a long shared prefix
-    /// with few queries is attended in several pieces at once so that it fills the GPU.
-    pub cascade_split_min_tokens: usize,
+    /// The shortest piece (at least a page) that KV attended without the causal mask is cut
+    /// into: a cascade group's shared segment, or the cached context before a prefill's new
+    /// tokens. Few queries over a long KV are attended in several pieces at once so that they
+    /// fill the GPU (`phase6_cuda_plan::split`). A cut costs a gather and merges in every
+    /// layer, so by default KV under 1,024 tokens stays whole; the 16k-token context before 16
+    /// new tokens becomes 16 pieces, 128 blocks: one wave of the Hopper kernel.
+    pub split_kv_min_tokens: usize,
     /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
     /// FP8 conversion instructions, compute capability 8.9 and newer).
     pub kv_cache_dtype: KvDtype,
@@ -76,7 +82,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            cascade_split_min_tokens: 1024,
+            split_kv_min_tokens: 512,
             kv_cache_dtype: KvDtype::BF16,
         }
     }
@@ -229,11 +235,11 @@ impl CudaRunner {
             max_position: config.max_position_embeddings,
             max_tokens: tokens,
             max_seqs: seqs,
-            split: CascadeSplit {
+            split: KvSplit {
                 num_sms: gpu.num_sms(),
                 q_per_kv: hq / hkv.max(1),
                 kv_heads: hkv,
-                min_tokens: options.cascade_split_min_tokens.max(options.page_size),
+                min_tokens: options.split_kv_min_tokens.max(options.page_size),
             },
         };
 

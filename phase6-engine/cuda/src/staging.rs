@@ -12,7 +12,7 @@ use kernels::sampling::SampleParams;
 use kernels::{CudaEvent, CudaSlice, CudaView, CudaViewMut, Gpu, PinnedHostSlice};
 
 use crate::forward::{DecodePart, LevelPart, PrefillPart, StepInputs, TableViews};
-use crate::plan::{Prefill, StepPlan, Table};
+use phase6_cuda_plan::{Prefill, StepPlan, Table};
 
 /// Words between two used ranges that are still copied rather than starting a second copy: a
 /// copy call costs the host ~10 us (measured on the H100's host, where every microsecond
@@ -53,7 +53,8 @@ pub(crate) struct Layout {
     params: Region,
     decode: TableRegions,
     prefill: PrefillRegions,
-    levels: Vec<(Region, PrefillRegions)>,
+    /// Each level's gathered rows, its number of pieces, and its call.
+    levels: Vec<(Region, usize, PrefillRegions)>,
     /// Word ranges that hold data, merged where the gap between them is small.
     copies: Vec<(usize, usize)>,
     /// Words the layout spans, reserved room included.
@@ -157,6 +158,7 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
         .map(|level| {
             (
                 p.push(level.rows.iter().copied(), 0),
+                level.pieces,
                 p.prefill(&level.groups),
             )
         })
@@ -281,8 +283,9 @@ impl Staging {
             levels: layout
                 .levels
                 .iter()
-                .map(|(rows, groups)| LevelPart {
+                .map(|(rows, pieces, groups)| LevelPart {
                     rows: self.words(*rows),
+                    pieces: *pieces,
                     groups: prefill(groups),
                 })
                 .collect(),
@@ -318,7 +321,7 @@ mod tests {
     use phase2::{ForwardBatch, ForwardSeq, SampleSpec};
 
     use super::*;
-    use crate::plan::{CascadeSplit, Limits};
+    use phase6_cuda_plan::{KvSplit, Limits};
 
     fn decode_plan(lens: &[usize]) -> StepPlan {
         let seqs = lens
@@ -344,7 +347,7 @@ mod tests {
             max_position: 1000,
             max_tokens: 64,
             max_seqs: 16,
-            split: CascadeSplit {
+            split: KvSplit {
                 num_sms: 132,
                 q_per_kv: 2,
                 kv_heads: 8,

@@ -1,5 +1,6 @@
 //! The CUDA runner against the references: `transformers` fixtures and the CPU runner (greedy
-//! tokens, last logits), cascade == flat attention on the device, device sampling == the host
+//! tokens, last logits), cascade == flat attention on the device, split-KV prefill == one
+//! causal pass, device sampling == the host
 //! sampler, K/V moved by a RoPE shift == the CPU runner's, and chapter 5's properties through
 //! `phase5::Engine` (batched == alone, a tiny pool preempts and still finishes with the same
 //! tokens, every page comes back).
@@ -22,6 +23,7 @@ use phase2::{
 use phase5::{Batching, Engine, SchedulerConfig};
 use phase6_chunks::{CascadeCpuRunner, ChunkRunner, SharedSegment, plan_cascade};
 use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
+use phase6_cuda_plan::{KvSplit, Limits, StepPlan};
 
 /// True when a GPU is here; otherwise says on stderr (uncaptured) why the test is skipped.
 fn have_gpu() -> bool {
@@ -50,8 +52,8 @@ fn options(num_pages: usize, max_num_seqs: usize, enforce_eager: bool) -> CudaOp
         max_num_batched_tokens: 2048,
         max_num_seqs,
         enforce_eager,
-        // Cut every shared segment longer than a page, so that cascade's split path is tested.
-        cascade_split_min_tokens: 16,
+        // Cut every unmasked KV longer than a page, so that the split path is tested.
+        split_kv_min_tokens: 16,
         ..CudaOptions::default()
     }
 }
@@ -352,6 +354,109 @@ fn cascade_equals_flat_attention_on_the_device() {
                 let want = sampler::argmax(reference.row(i));
                 assert_eq!(sampler::argmax(on_cascade.row(i)), want, "row {i}");
                 assert_eq!(sampler::argmax(on_flat.row(i)), want, "row {i}");
+            }
+        }
+    }
+}
+
+/// A few new tokens after a long cached context (the chunk API's cached composition: system
+/// prompt and context segments read by one sequence) and the last chunk of a chunked prefill,
+/// in one step: their visible KV attended in 2 and in 32 pieces gives the logits of one causal
+/// pass (a runner whose pieces may be no shorter than the whole KV) and of the CPU.
+#[test]
+fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
+    if !have_gpu() {
+        return;
+    }
+    let (config, weights, model) = tiny_shakespeare();
+    let runner = |min_tokens: usize| {
+        let options = CudaOptions {
+            split_kv_min_tokens: min_tokens,
+            ..options(160, 8, true)
+        };
+        CudaRunner::new(&config, &weights, options).unwrap()
+    };
+    let (mut whole, mut coarse, mut fine) = (runner(usize::MAX), runner(256), runner(16));
+    let mut cpu = CpuRunner::new(model, 160, 16);
+    let mut pool = KvPool::new(160, 16).unwrap();
+    let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 43);
+    let (system, context) = (segment(&mut pool, 40), segment(&mut pool, 900));
+    // The chunked prefill: 676 tokens computed before this step, 24 new in it.
+    let chunked = segment(&mut pool, 700);
+    let earlier = BlockTable::from_pages(chunked.pages().to_vec(), 676);
+    let chunked_tokens = tokens(700, 5);
+    {
+        let mut all: [&mut dyn ModelRunner; 4] = [&mut whole, &mut coarse, &mut fine, &mut cpu];
+        prefill_segment(&mut all, &[], &system, &tokens(40, 1));
+        prefill_segment(
+            &mut all,
+            std::slice::from_ref(&system),
+            &context,
+            &tokens(900, 2),
+        );
+        prefill_segment(&mut all, &[], &earlier, &chunked_tokens[..676]);
+    }
+    let batch = ForwardBatch {
+        seqs: vec![
+            ForwardSeq {
+                seq_id: 0,
+                tokens: tokens(16, 3),
+                start_pos: 940,
+                kv: vec![system.clone(), context.clone(), segment(&mut pool, 16)],
+                sample: Some(SampleSpec::greedy()),
+            },
+            ForwardSeq {
+                seq_id: 1,
+                tokens: chunked_tokens[676..].to_vec(),
+                start_pos: 676,
+                kv: vec![chunked.clone()],
+                sample: Some(SampleSpec::greedy()),
+            },
+        ],
+    };
+    assert!(plan_cascade(&batch).is_empty(), "no cascade group here");
+    // The plans the runners make: as many pieces as multiprocessors (2 blocks each), up to 32.
+    let num_sms = kernels::Gpu::open(0).unwrap().num_sms();
+    let fine_pieces = 1 << (usize::BITS - 1 - num_sms.min(32).leading_zeros());
+    let pieces = |min_tokens: usize| {
+        let limits = Limits {
+            page_size: 16,
+            num_pages: 160,
+            vocab_size: config.vocab_size,
+            max_position: config.max_position_embeddings,
+            max_tokens: 2048,
+            max_seqs: 8,
+            split: KvSplit {
+                num_sms,
+                q_per_kv: config.num_heads / config.num_kv_heads,
+                kv_heads: config.num_kv_heads,
+                min_tokens,
+            },
+        };
+        let plan = StepPlan::new(&batch, &[], &limits).unwrap();
+        plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        (pieces(usize::MAX), pieces(256), pieces(16)),
+        (vec![], vec![2], vec![fine_pieces])
+    );
+    let reference = cpu.forward(&batch).unwrap();
+    let one_pass = whole.forward(&batch).unwrap();
+    let (rel_whole, _) = errors(&one_pass.data, &reference.data);
+    eprintln!("one causal pass vs CPU: relative {rel_whole:.1e}");
+    for (label, gpu) in [("2 pieces", &mut coarse), ("32 pieces", &mut fine)] {
+        let split = gpu.forward(&batch).unwrap();
+        let (rel, _) = errors(&split.data, &one_pass.data);
+        let (rel_cpu, abs_cpu) = errors(&split.data, &reference.data);
+        eprintln!(
+            "split-KV in {label} vs one pass: relative {rel:.1e}; vs CPU: relative {rel_cpu:.1e}, max abs {abs_cpu:.1e}"
+        );
+        assert!(rel < 1e-2, "{label} and one pass differ by {rel:.2e}");
+        assert!(rel_cpu < LOGITS_REL_TOL, "{label} vs CPU {rel_cpu:.2e}");
+        for i in 0..reference.num_rows() {
+            if top2_gap(reference.row(i)) > 4.0 * abs_cpu {
+                let want = sampler::argmax(reference.row(i));
+                assert_eq!(sampler::argmax(split.row(i)), want, "{label}, row {i}");
             }
         }
     }

@@ -1,11 +1,11 @@
 //! A forward step as the device will run it, worked out on the host: which row each token
-//! occupies, where its K/V is stored, which pages each attention call reads, and how cascade
-//! groups are gathered and merged back.
+//! occupies, where its K/V is stored, which pages each attention call reads, and which KV is
+//! attended without the causal mask in levels (cascade groups, long visible prefixes), gathered,
+//! cut into pieces and merged back.
 //!
 //! Rows are reordered: sequences with one new token (decode) come first, in batch order, so
 //! the decode kernel reads them as one contiguous block; prefill pieces follow. Every other
-//! step of a layer works row by row and does not care about the order. Nothing here touches the
-//! GPU, so this part of the runner is tested on any machine.
+//! step of a layer works row by row and does not care about the order.
 
 use kernels::sampling::SampleParams;
 use phase0::TokenId;
@@ -13,18 +13,19 @@ use phase1::BlockTable;
 use phase2::{BatchLimits, Error, ForwardBatch, validate_segments};
 use phase6_chunks::SharedSegment;
 
-use crate::overlap::PENDING_TOKEN;
+use crate::PENDING_TOKEN;
+use crate::split::{self, KvSplit, Unmasked};
 
 /// What the runner can execute: a batch beyond these is refused, not attempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
+pub struct Limits {
     pub page_size: usize,
     pub num_pages: usize,
     pub vocab_size: usize,
     pub max_position: usize,
     pub max_tokens: usize,
     pub max_seqs: usize,
-    pub split: CascadeSplit,
+    pub split: KvSplit,
 }
 
 impl Limits {
@@ -40,37 +41,10 @@ impl Limits {
     }
 }
 
-/// How finely a cascade group's shared segment is cut. The prefill kernel gives each block 64
-/// (query, head) rows of one KV head, so a group of a few dozen decoding sequences makes only a
-/// handful of blocks, each walking the whole prefix: a 32k-token prefix read by 16 blocks
-/// leaves most of an H100 idle. Cut into pieces attended at once (each in its own level, merged
-/// by log-sum-exp like the levels already are), it fills the GPU; FlashDecoding's split-K for
-/// the shared half of cascade attention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CascadeSplit {
-    pub num_sms: usize,
-    pub q_per_kv: usize,
-    pub kv_heads: usize,
-    /// No piece shorter than this many tokens.
-    pub min_tokens: usize,
-}
-
-impl CascadeSplit {
-    /// Pieces for `queries` query tokens over `tokens` shared tokens: enough blocks for two per
-    /// multiprocessor, at most 8 pieces.
-    fn pieces(&self, queries: usize, tokens: usize) -> usize {
-        let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
-        (2 * self.num_sms)
-            .div_ceil(blocks.max(1))
-            .min(tokens / self.min_tokens.max(1))
-            .clamp(1, 8)
-    }
-}
-
 /// The page table of one attention call in the kernels' layout (`kernels::paged`): sequence
 /// `s` reads entries `indptr[s]..indptr[s + 1]`, each a page id and its number of valid tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Table {
+pub struct Table {
     pub indptr: Vec<i32>,
     pub page_ids: Vec<i32>,
     pub page_lens: Vec<i32>,
@@ -89,48 +63,19 @@ impl Table {
         }
     }
 
-    /// Closes the sequence whose entries were just pushed, starting at entry `first`.
-    fn end_seq(&mut self, first: usize, page_size: usize) {
-        let slots = kernels::paged::seq_slots(&self.page_lens[first..], page_size);
+    /// Appends one sequence that reads `entries`, `(page id, valid tokens)` in KV order.
+    pub(crate) fn push_entries(&mut self, entries: &[(i32, i32)], page_size: usize) {
+        for &(page, len) in entries {
+            self.page_ids.push(page);
+            self.page_lens.push(len);
+        }
+        let slots = kernels::paged::seq_slots(
+            &self.page_lens[self.page_lens.len() - entries.len()..],
+            page_size,
+        );
         let before = *self.slot_indptr.last().expect("starts with 0");
         self.slot_indptr.push(before + slots as i32);
         self.indptr.push(self.page_ids.len() as i32);
-    }
-
-    /// Appends one sequence whose KV is `segments`, in order. A segment's last page may be
-    /// partly filled; pages past its token count (reserved, not yet written) are left out.
-    fn push_seq<'a>(
-        &mut self,
-        segments: impl IntoIterator<Item = &'a BlockTable>,
-        page_size: usize,
-    ) {
-        let first = self.page_ids.len();
-        for segment in segments {
-            let n = segment.num_tokens();
-            for (k, &page) in segment.pages()[..n.div_ceil(page_size)].iter().enumerate() {
-                self.page_ids.push(page as i32);
-                self.page_lens
-                    .push((n - k * page_size).min(page_size) as i32);
-            }
-        }
-        self.end_seq(first, page_size);
-    }
-
-    /// Appends one sequence that reads `pages` of `segment`, a range of its written pages.
-    fn push_pages(
-        &mut self,
-        segment: &BlockTable,
-        pages: std::ops::Range<usize>,
-        page_size: usize,
-    ) {
-        let n = segment.num_tokens();
-        let first = self.page_ids.len();
-        for k in pages {
-            let tokens = (n - k * page_size).min(page_size);
-            self.page_ids.push(segment.pages()[k] as i32);
-            self.page_lens.push(tokens as i32);
-        }
-        self.end_seq(first, page_size);
     }
 
     pub fn num_seqs(&self) -> usize {
@@ -142,17 +87,33 @@ impl Table {
     }
 }
 
+/// The page entries of `segments`, in order: a segment's last page may be partly filled; pages
+/// past its token count (reserved, not yet written) are left out.
+fn entries<'a>(
+    segments: impl IntoIterator<Item = &'a BlockTable>,
+    page_size: usize,
+) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    for segment in segments {
+        let n = segment.num_tokens();
+        for (k, &page) in segment.pages()[..n.div_ceil(page_size)].iter().enumerate() {
+            out.push((page as i32, (n - k * page_size).min(page_size) as i32));
+        }
+    }
+    out
+}
+
 /// Queries for the prefill kernel: rows `q_indptr[s]..q_indptr[s + 1]` of its query block
 /// attend to sequence `s` of `table`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Prefill {
+pub struct Prefill {
     pub table: Table,
     pub q_indptr: Vec<i32>,
     pub max_q: usize,
 }
 
 impl Prefill {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             table: Table::new(),
             q_indptr: vec![0],
@@ -160,32 +121,38 @@ impl Prefill {
         }
     }
 
-    fn push(&mut self, num_queries: usize) {
+    pub(crate) fn push(&mut self, num_queries: usize) {
         let last = *self.q_indptr.last().expect("starts with 0");
         self.q_indptr.push(last + num_queries as i32);
         self.max_q = self.max_q.max(num_queries);
     }
 }
 
-/// Cascade groups attended in one call: no token belongs to two of them, so their results
-/// can be merged back into the main output at once. `rows` are the gathered token rows, group
-/// after group; `groups` attends them (unmasked) to each group's shared segment.
+/// Unmasked KV attended in one call: no query row belongs to two of its parts, so their results
+/// can be merged back into the main output at once. Each part (a cascade group's shared segment,
+/// or the visible head of one sequence's own KV) is cut into `pieces` ([`crate::split`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Level {
+pub struct Level {
+    /// The gathered query rows: the level's distinct rows, part after part, once per piece.
     pub rows: Vec<u32>,
+    /// A power of two; the pieces are merged in a tree.
+    pub pieces: usize,
+    /// Sequence `p * parts + g` of this call is piece `p` of part `g`, over the rows of part
+    /// `g` in the `p`-th copy of the distinct rows.
     pub groups: Prefill,
 }
 
 /// Everything one step uploads, in device row order.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StepPlan {
+pub struct StepPlan {
     pub ids: Vec<u32>,
     pub positions: Vec<i32>,
     /// (page, offset) of each row's new K/V; a negative page stores nothing (padding).
     pub slots: Vec<i32>,
     /// One-token sequences: rows `0..decode.num_seqs()`.
     pub decode: Table,
-    /// The other sequences: the rows after the decode ones.
+    /// The other sequences: the rows after the decode ones, each over its own KV but the
+    /// visible head a level attends.
     pub prefill: Prefill,
     pub levels: Vec<Level>,
     /// The last row of each sampling sequence, in batch order (the lm_head's input rows).
@@ -227,6 +194,14 @@ impl StepPlan {
             params: Vec::new(),
             num_sampled: 0,
         };
+        let mut unmasked: Vec<Unmasked> = shared
+            .iter()
+            .map(|group| Unmasked {
+                seqs: group.seqs.clone(),
+                entries: entries([&batch.seqs[group.seqs[0]].kv[group.segment]], ps),
+                queries: group.seqs.iter().map(|&i| batch.seqs[i].tokens.len()).sum(),
+            })
+            .collect();
         let mut first_row = vec![0; batch.seqs.len()];
         for &i in decode.iter().chain(&prefill) {
             let s = &batch.seqs[i];
@@ -244,51 +219,25 @@ impl StepPlan {
                     .enumerate()
                     .filter(|(k, _)| !read_shared[i].contains(k))
                     .map(|(_, t)| t);
+            let own_entries = entries(own_segments, ps);
             if s.tokens.len() == 1 {
-                plan.decode.push_seq(own_segments, ps);
+                plan.decode.push_entries(&own_entries, ps);
             } else {
-                plan.prefill.table.push_seq(own_segments, ps);
-                plan.prefill.push(s.tokens.len());
-            }
-        }
-
-        // Cascade groups in levels: each group (or piece of a group's segment) goes to the
-        // first level none of whose groups holds one of its sequences.
-        let mut level_seqs: Vec<Vec<usize>> = Vec::new();
-        for group in shared {
-            let segment = &batch.seqs[group.seqs[0]].kv[group.segment];
-            let queries: usize = group.seqs.iter().map(|&i| batch.seqs[i].tokens.len()).sum();
-            let pages = segment.num_tokens().div_ceil(ps);
-            let pieces = limits
-                .split
-                .pieces(queries, segment.num_tokens())
-                .min(pages.max(1));
-            let per_piece = pages.div_ceil(pieces);
-            for first_page in (0..pages).step_by(per_piece.max(1)) {
-                let at = level_seqs
-                    .iter()
-                    .position(|taken| group.seqs.iter().all(|i| !taken.contains(i)))
-                    .unwrap_or_else(|| {
-                        level_seqs.push(Vec::new());
-                        plan.levels.push(Level {
-                            rows: Vec::new(),
-                            groups: Prefill::new(),
-                        });
-                        level_seqs.len() - 1
+                let q = s.tokens.len();
+                let head = split::visible_head(&own_entries, q, &limits.split);
+                if head > 0 {
+                    unmasked.push(Unmasked {
+                        seqs: vec![i],
+                        entries: own_entries[..head].to_vec(),
+                        queries: q,
                     });
-                level_seqs[at].extend(&group.seqs);
-                let level = &mut plan.levels[at];
-                for &i in &group.seqs {
-                    let n = batch.seqs[i].tokens.len();
-                    level
-                        .rows
-                        .extend((first_row[i]..first_row[i] + n).map(|r| r as u32));
                 }
-                let range = first_page..(first_page + per_piece).min(pages);
-                level.groups.table.push_pages(segment, range, ps);
-                level.groups.push(queries);
+                plan.prefill.table.push_entries(&own_entries[head..], ps);
+                plan.prefill.push(q);
             }
         }
+        let rows_of = |i: usize| first_row[i]..first_row[i] + batch.seqs[i].tokens.len();
+        plan.levels = split::levels(unmasked, rows_of, &limits.split, ps, limits.max_tokens);
 
         for (i, s) in batch.seqs.iter().enumerate() {
             if let Some(spec) = s.sample {
@@ -364,6 +313,7 @@ fn validate(batch: &ForwardBatch, limits: &Limits) -> Result<(), Error> {
 mod tests {
     use phase2::{ForwardSeq, SampleSpec};
     use phase6_chunks::plan_cascade;
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -379,7 +329,7 @@ mod tests {
         max_position: 512,
         max_tokens: 256,
         max_seqs: 8,
-        split: CascadeSplit {
+        split: KvSplit {
             num_sms: 132,
             q_per_kv: 2,
             kv_heads: 8,
@@ -461,8 +411,19 @@ mod tests {
         assert_eq!(level.groups.table.page_lens, vec![16, 16, 5]);
     }
 
+    /// [`LIMITS`] with pieces of at least `min_tokens`.
+    fn cut_at(min_tokens: usize) -> Limits {
+        Limits {
+            split: KvSplit {
+                min_tokens,
+                ..LIMITS.split
+            },
+            ..LIMITS
+        }
+    }
+
     #[test]
-    fn a_long_shared_prefix_with_few_queries_is_cut_into_pieces_on_separate_levels() {
+    fn a_long_shared_prefix_with_few_queries_is_cut_into_pieces_of_one_level() {
         // 5 pages of 16 (the last holding 8 tokens); pieces of at least 32 tokens.
         let prefix = BlockTable::from_pages(vec![10, 11, 12, 13, 14], 72);
         let own = |p: u32| BlockTable::from_pages(vec![p], 1);
@@ -472,37 +433,78 @@ mod tests {
                 seq(1, 1, vec![prefix.clone(), own(6)], true),
             ],
         };
-        let limits = Limits {
-            split: CascadeSplit {
-                min_tokens: 32,
-                ..LIMITS.split
-            },
-            ..LIMITS
-        };
-        let plan = plan_of(&batch, &limits).unwrap();
-        // 72 tokens / 32 = 2 pieces of 3 and 2 pages; each on its own level, both rows in each.
-        assert_eq!(plan.levels.len(), 2);
-        let pages: Vec<_> = plan
-            .levels
-            .iter()
-            .map(|l| l.groups.table.page_ids.clone())
-            .collect();
-        assert_eq!(pages, vec![vec![10, 11, 12], vec![13, 14]]);
-        let lens: Vec<_> = plan
-            .levels
-            .iter()
-            .map(|l| l.groups.table.page_lens.clone())
-            .collect();
-        assert_eq!(lens, vec![vec![16, 16, 16], vec![16, 8]]);
-        assert!(plan.levels.iter().all(|l| l.rows == vec![0, 1]));
-        assert!(plan.levels.iter().all(|l| l.groups.q_indptr == vec![0, 2]));
+        let plan = plan_of(&batch, &cut_at(32)).unwrap();
+        // 72 tokens / 32 = 2 pieces of 2 and 3 pages, attended in one call: both rows once
+        // a piece, each piece one sequence of the call.
+        assert_eq!(plan.levels.len(), 1);
+        let level = &plan.levels[0];
+        assert_eq!(level.pieces, 2);
+        assert_eq!(level.rows, vec![0, 1, 0, 1]);
+        assert_eq!(level.groups.q_indptr, vec![0, 2, 4]);
+        assert_eq!(level.groups.table.indptr, vec![0, 2, 5]);
+        assert_eq!(level.groups.table.page_ids, vec![10, 11, 12, 13, 14]);
+        assert_eq!(level.groups.table.page_lens, vec![16, 16, 16, 16, 8]);
         // With the default piece length, the same group stays whole.
         let whole = plan_of(&batch, &LIMITS).unwrap();
         assert_eq!(whole.levels.len(), 1);
+        assert_eq!(whole.levels[0].pieces, 1);
+        assert_eq!(whole.levels[0].rows, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_few_queries_after_a_long_context_attend_it_in_pieces_and_only_their_page_causally() {
+        // The chunk API's cached composition: a system prompt (40 tokens) and a context (100)
+        // read by one sequence alone, then its 3 new tokens on a page of their own.
+        let system = BlockTable::from_pages(vec![1, 2, 3], 40);
+        let context = BlockTable::from_pages((4..11).collect(), 100);
+        let batch = ForwardBatch {
+            seqs: vec![seq(
+                0,
+                3,
+                vec![system, context, BlockTable::from_pages(vec![20], 3)],
+                true,
+            )],
+        };
+        let plan = plan_of(&batch, &cut_at(32)).unwrap();
+        // The causal call reads only the new tokens' page.
+        assert_eq!(plan.prefill.table.page_ids, vec![20]);
+        assert_eq!(plan.prefill.table.page_lens, vec![3]);
+        assert_eq!(plan.prefill.q_indptr, vec![0, 3]);
+        // 140 visible tokens in 10 entries, cut into 4 pieces for the 3 rows.
+        assert_eq!(plan.levels.len(), 1);
+        let level = &plan.levels[0];
+        assert_eq!(level.pieces, 4);
+        assert_eq!(level.rows, [0, 1, 2].repeat(4));
+        assert_eq!(level.groups.q_indptr, vec![0, 3, 6, 9, 12]);
+        assert_eq!(level.groups.table.indptr, vec![0, 2, 5, 7, 10]);
         assert_eq!(
-            whole.levels[0].groups.table.page_ids,
-            vec![10, 11, 12, 13, 14]
+            level.groups.table.page_ids,
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
         );
+        // Pieces too short to pay: one causal call over everything, as before.
+        let whole = plan_of(&batch, &LIMITS).unwrap();
+        assert!(whole.levels.is_empty());
+        assert_eq!(whole.prefill.table.num_entries(), 11);
+    }
+
+    #[test]
+    fn a_chunked_prefill_attends_its_earlier_chunks_in_pieces() {
+        // 100 tokens of its own, the last 10 new: entries up to token 80 end before token 90.
+        let batch = ForwardBatch {
+            seqs: vec![seq(
+                0,
+                10,
+                vec![BlockTable::from_pages((30..37).collect(), 100)],
+                true,
+            )],
+        };
+        let plan = plan_of(&batch, &cut_at(32)).unwrap();
+        assert_eq!(plan.prefill.table.page_ids, vec![35, 36]);
+        assert_eq!(plan.prefill.table.page_lens, vec![16, 4]);
+        let level = &plan.levels[0];
+        assert_eq!(level.pieces, 2);
+        assert_eq!(level.groups.table.page_ids, vec![30, 31, 32, 33, 34]);
+        assert_eq!(level.rows, (0..10).chain(0..10).collect::<Vec<u32>>());
     }
 
     #[test]
@@ -561,6 +563,104 @@ mod tests {
                 matches!(&err, Error::InvalidBatch(m) if m.contains(needle)),
                 "{err} (wanted {needle})"
             );
+        }
+    }
+
+    /// The entries table `t` gives its sequence `j`.
+    fn entries_of(t: &Table, j: usize) -> Vec<(i32, i32)> {
+        (t.indptr[j] as usize..t.indptr[j + 1] as usize)
+            .map(|e| (t.page_ids[e], t.page_lens[e]))
+            .collect()
+    }
+
+    proptest! {
+        /// Sequences behind 0-3 shared segments with 0-59 computed tokens of their own and
+        /// 1-23 new ones: each reads every entry of its KV exactly once, in the causal call
+        /// (a suffix of its KV, holding its new tokens) or in one piece of a level; a level's
+        /// rows are distinct, copied once per piece, and fit the gather buffers.
+        #[test]
+        fn every_sequence_reads_each_entry_of_its_kv_exactly_once(
+            shared in proptest::collection::vec(1usize..120, 0..4),
+            seqs in proptest::collection::vec((0usize..4, 0usize..60, 1usize..24), 1..7),
+            min_tokens in prop_oneof![Just(16usize), Just(32), Just(1024)],
+        ) {
+            let ps = LIMITS.page_size;
+            let mut next = 0u32;
+            let mut alloc = |n: usize| {
+                let pages: Vec<u32> = (next..next + n.div_ceil(ps) as u32).collect();
+                next += pages.len() as u32;
+                BlockTable::from_pages(pages, n)
+            };
+            let shared: Vec<BlockTable> = shared.iter().map(|&n| alloc(n)).collect();
+            let seqs: Vec<ForwardSeq> = seqs
+                .iter()
+                .enumerate()
+                .map(|(i, &(k, done, new))| {
+                    let mut kv = shared[..k.min(shared.len())].to_vec();
+                    kv.push(alloc(done + new));
+                    seq(i as u64, new, kv, true)
+                })
+                .collect();
+            let batch = ForwardBatch { seqs };
+            let limits = Limits {
+                num_pages: 1024,
+                max_position: 4096,
+                ..cut_at(min_tokens)
+            };
+            let plan = plan_of(&batch, &limits).unwrap();
+
+            let n = batch.seqs.len();
+            let (decode, prefill): (Vec<usize>, Vec<usize>) =
+                (0..n).partition(|&i| batch.seqs[i].tokens.len() == 1);
+            let owner: Vec<usize> = decode
+                .iter()
+                .chain(&prefill)
+                .flat_map(|&i| std::iter::repeat_n(i, batch.seqs[i].tokens.len()))
+                .collect();
+            let all: Vec<Vec<(i32, i32)>> =
+                batch.seqs.iter().map(|s| entries(&s.kv, ps)).collect();
+            let mut read: Vec<Vec<(i32, i32)>> = vec![Vec::new(); n];
+            for (k, &i) in decode.iter().enumerate() {
+                read[i].extend(entries_of(&plan.decode, k));
+            }
+            for (k, &i) in prefill.iter().enumerate() {
+                let causal = entries_of(&plan.prefill.table, k);
+                prop_assert!(all[i].ends_with(&causal), "sequence {i}: a suffix of its KV");
+                let tokens: i32 = causal.iter().map(|e| e.1).sum();
+                prop_assert!(tokens as usize >= batch.seqs[i].tokens.len());
+                read[i].extend(causal);
+            }
+            for level in &plan.levels {
+                let d = level.rows.len() / level.pieces;
+                prop_assert!(level.pieces.is_power_of_two());
+                prop_assert_eq!(level.rows.len(), level.pieces * d);
+                prop_assert!(level.rows.len() <= limits.max_tokens);
+                let mut distinct = level.rows[..d].to_vec();
+                distinct.sort();
+                distinct.dedup();
+                prop_assert_eq!(distinct.len(), d);
+                for piece in level.rows.chunks(d) {
+                    prop_assert_eq!(piece, &level.rows[..d]);
+                }
+                let q = &level.groups.q_indptr;
+                prop_assert_eq!(*q.last().unwrap() as usize, level.rows.len());
+                for j in 0..level.groups.table.num_seqs() {
+                    let mut readers: Vec<usize> = level.rows[q[j] as usize..q[j + 1] as usize]
+                        .iter()
+                        .map(|&r| owner[r as usize])
+                        .collect();
+                    readers.dedup();
+                    for i in readers {
+                        read[i].extend(entries_of(&level.groups.table, j));
+                    }
+                }
+            }
+            for i in 0..n {
+                let (mut got, mut want) = (read[i].clone(), all[i].clone());
+                got.sort();
+                want.sort();
+                prop_assert_eq!(got, want, "sequence {}", i);
+            }
         }
     }
 }

@@ -1,0 +1,191 @@
+//! Split-KV: KV that a few queries attend without the causal mask, cut into pieces attended at
+//! once and merged back by log-sum-exp (FlashDecoding's split for the prefill kernel).
+//!
+//! The prefill kernel gives each block 64 (query, head) rows of one sequence and one KV head
+//! (128 on Hopper). Few queries over a long KV make only a handful of blocks, each walking all
+//! of it one tile after the other: a 16-token query after a 16k-token cached context is 8
+//! blocks on a GPU of 132 multiprocessors, and its attention, not its matrix products, is most
+//! of the step. Such KV comes in two kinds, both seen whole by every query reading it: a
+//! cascade group's shared segment, and the part of a sequence's own KV that ends before its
+//! first new token (a registered context, a cached prefix, earlier chunks of a chunked
+//! prefill). Each is cut into pieces by page entries; one unmasked prefill call attends every
+//! piece of a level, the queries gathered once per piece, and
+//! `kernels::merge::merge_pieces_into` folds the pieces into the causal part in a tree.
+
+use std::ops::Range;
+
+use crate::plan::{Level, Prefill};
+
+/// The most pieces one level is cut into: merging them takes log2 of this many launches.
+pub const MAX_PIECES: usize = 32;
+
+/// How finely unmasked KV is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvSplit {
+    pub num_sms: usize,
+    pub q_per_kv: usize,
+    pub kv_heads: usize,
+    /// No piece shorter than this many tokens: a piece's blocks pay for loading their queries,
+    /// writing a partial result and its share of the merges.
+    pub min_tokens: usize,
+}
+
+impl KvSplit {
+    /// Pieces for `queries` query tokens over `tokens` unmasked tokens: enough blocks (of 64
+    /// rows) for two per multiprocessor, no piece under `min_tokens`, at most [`MAX_PIECES`]; a
+    /// power of two, for the tree that merges them.
+    pub fn pieces(&self, queries: usize, tokens: usize) -> usize {
+        let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
+        let wanted = (2 * self.num_sms)
+            .div_ceil(blocks.max(1))
+            .min(tokens / self.min_tokens.max(1))
+            .clamp(1, MAX_PIECES);
+        floor_power_of_two(wanted)
+    }
+}
+
+fn floor_power_of_two(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.max(1).leading_zeros())
+}
+
+/// Page entries `(page id, valid tokens)` that the query rows of `seqs` attend unmasked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unmasked {
+    /// Indices into the batch.
+    pub seqs: Vec<usize>,
+    pub entries: Vec<(i32, i32)>,
+    /// Query tokens of all of `seqs`.
+    pub queries: usize,
+}
+
+impl Unmasked {
+    fn tokens(&self) -> usize {
+        self.entries.iter().map(|&(_, n)| n as usize).sum()
+    }
+}
+
+/// How many leading `entries` of a prefill sequence's own KV to attend apart, in pieces: those
+/// that end before its first new token (every one of its `queries` sees them whole), when they
+/// are long enough to be cut; 0 otherwise.
+pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSplit) -> usize {
+    let total: usize = entries.iter().map(|&(_, n)| n as usize).sum();
+    let before = total.saturating_sub(queries);
+    let (mut head, mut tokens) = (0, 0);
+    for &(_, n) in entries {
+        if tokens + n as usize > before {
+            break;
+        }
+        tokens += n as usize;
+        head += 1;
+    }
+    if split.pieces(queries, tokens) > 1 {
+        head
+    } else {
+        0
+    }
+}
+
+/// Puts each unmasked part on the first level that holds none of its sequences (a level's
+/// rows must be distinct to be merged back in place), and cuts the parts of a level into as
+/// many pieces as its most demanding part wants, as far as `max_rows` gathered rows allow.
+/// Piece `p` of part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the
+/// step's rows of batch sequence `i`.
+pub(crate) fn levels(
+    parts: Vec<Unmasked>,
+    rows_of: impl Fn(usize) -> Range<usize>,
+    split: &KvSplit,
+    page_size: usize,
+    max_rows: usize,
+) -> Vec<Level> {
+    let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
+    for part in parts {
+        let free = |level: &Vec<Unmasked>| {
+            level
+                .iter()
+                .all(|other| other.seqs.iter().all(|i| !part.seqs.contains(i)))
+        };
+        match assigned.iter().position(free) {
+            Some(at) => assigned[at].push(part),
+            None => assigned.push(vec![part]),
+        }
+    }
+    assigned
+        .into_iter()
+        .map(|parts| {
+            let rows: Vec<u32> = parts
+                .iter()
+                .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
+                .map(|r| r as u32)
+                .collect();
+            let wanted = parts
+                .iter()
+                .map(|p| split.pieces(p.queries, p.tokens()))
+                .max()
+                .unwrap_or(1);
+            let pieces = wanted.min(floor_power_of_two(max_rows / rows.len().max(1)));
+            let mut groups = Prefill::new();
+            for k in 0..pieces {
+                for part in &parts {
+                    let e = part.entries.len();
+                    let piece = &part.entries[k * e / pieces..(k + 1) * e / pieces];
+                    groups.table.push_entries(piece, page_size);
+                    groups.push(part.queries);
+                }
+            }
+            Level {
+                rows: rows.repeat(pieces),
+                pieces,
+                groups,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPLIT: KvSplit = KvSplit {
+        num_sms: 132,
+        q_per_kv: 2,
+        kv_heads: 8,
+        min_tokens: 256,
+    };
+
+    #[test]
+    fn pieces_fill_the_gpu_in_powers_of_two_and_stop_at_the_shortest_piece() {
+        // 16 queries: 8 blocks a piece; two blocks per SM would be 33 pieces.
+        assert_eq!(SPLIT.pieces(16, 16_040), 32);
+        assert_eq!(SPLIT.pieces(16, 4_056), 8); // 15 pieces of 256 -> 8
+        assert_eq!(SPLIT.pieces(16, 1_040), 4);
+        assert_eq!(SPLIT.pieces(16, 511), 1);
+        // 512 queries already make 128 blocks: two pieces.
+        assert_eq!(SPLIT.pieces(512, 16_000), 2);
+        assert_eq!(SPLIT.pieces(4096, 16_000), 1);
+        assert_eq!(floor_power_of_two(1), 1);
+        assert_eq!(floor_power_of_two(33), 32);
+    }
+
+    #[test]
+    fn the_visible_head_ends_before_the_first_new_token() {
+        let split = KvSplit {
+            min_tokens: 32,
+            ..SPLIT
+        };
+        // 100 tokens of which the last 10 are new: entries of 16 up to token 80 are whole
+        // before token 90; the entry holding tokens 80..96 is not.
+        let own: Vec<(i32, i32)> = [16, 16, 16, 16, 16, 16, 4]
+            .iter()
+            .enumerate()
+            .map(|(p, &n)| (p as i32, n))
+            .collect();
+        assert_eq!(visible_head(&own, 10, &split), 5);
+        // Too short to cut (80 tokens, pieces of at least 64), or nothing before the queries.
+        let coarse = KvSplit {
+            min_tokens: 64,
+            ..SPLIT
+        };
+        assert_eq!(visible_head(&own, 10, &coarse), 0);
+        assert_eq!(visible_head(&own, 100, &split), 0);
+    }
+}
