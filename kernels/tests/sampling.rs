@@ -424,6 +424,20 @@ fn bins_too_full_to_gather() {
 }
 
 #[test]
+fn real_model_logits() {
+    let Some(gpu) = gpu() else { return };
+    // The tiny Shakespeare model's logits after the 9 prompts of its reference fixture.
+    let fixture = phase2::models_dir().join("fixtures/tiny-shakespeare.json");
+    let cases = phase2::Fixture::read(&fixture).unwrap().cases;
+    let (rows, vocab) = (80, cases[0].logits.len());
+    let logits: Vec<f32> = (0..rows)
+        .flat_map(|r| cases[r % cases.len()].logits.iter().copied())
+        .collect();
+    let params = every_path(&mut Rng::new(39), rows, vocab);
+    assert_draws_match(&gpu, "tiny model logits", &logits, &params, vocab);
+}
+
+#[test]
 fn sampled_frequencies_follow_the_softmax() {
     let Some(gpu) = gpu() else { return };
     let logits = [1.0f32, 0.0, 2.0, -1.0];
