@@ -561,7 +561,7 @@ __device__ __noinline__ void decide_level(const Ctx<T>& c, SampleShared& s, int 
 }
 
 // Histogram of this block's slice at one level: the logits that take part in the query and whose
-// key starts with `prefix` (under `mask`), binned by the `bits` bits at `shift`.
+// key starts with `prefix` (under `mask`), binned by the log2(nbins) bits at `shift`.
 template <typename T, bool WEIGHTED>
 __device__ void build_histogram(const Ctx<T>& c, SampleShared& s, int shift, int nbins, u32 prefix,
                                 u32 mask, const Query& q) {
