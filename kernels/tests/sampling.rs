@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use kernels::sampling::{SampleParams, launch_shape, sample};
-use kernels::{Arch, Gpu, bf16};
+use kernels::{Arch, Gpu};
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -221,20 +221,26 @@ fn differing(
 }
 
 /// Asserts that the device draws, for f32 logits and for the same logits rounded to bf16, the
-/// token of the CPU procedure with f64 sums on every row.
+/// token of the CPU procedure with f64 sums on every row. Returns each run: its logits' type,
+/// the tokens, and the logits as f32.
 fn assert_draws_match(
     gpu: &Gpu,
     what: &str,
     logits: &[f32],
     params: &[SampleParams],
     vocab: usize,
-) {
+) -> [(&'static str, Vec<u32>, Vec<f32>); 2] {
     assert_eq!(logits.len(), params.len() * vocab);
     let low = to_bf16(logits);
-    let low_f32: Vec<f32> = low.iter().map(|x| x.to_f32()).collect();
-    let got = run(gpu, logits, params, vocab);
-    let got_low = run(gpu, &low, params, vocab);
-    for (kind, got, logits) in [("f32", &got, logits), ("bf16", &got_low, &low_f32[..])] {
+    let runs = [
+        ("f32", run(gpu, logits, params, vocab), logits.to_vec()),
+        (
+            "bf16",
+            run(gpu, &low, params, vocab),
+            low.iter().map(|x| x.to_f32()).collect(),
+        ),
+    ];
+    for (kind, got, logits) in &runs {
         let diff = differing(got, logits, params, vocab, true);
         let detail: Vec<_> = diff.iter().map(|&r| (r, got[r], params[r])).collect();
         assert!(
@@ -242,6 +248,7 @@ fn assert_draws_match(
             "{what}, {kind} logits, vocab {vocab}: rows differ (row, token, params): {detail:?}"
         );
     }
+    runs
 }
 
 fn check_seeded_sampling(gpu: &Gpu, vocab: usize, scale: f64, seed: u64) {
@@ -250,17 +257,8 @@ fn check_seeded_sampling(gpu: &Gpu, vocab: usize, scale: f64, seed: u64) {
     let logits = rng.normals(rows * vocab, scale);
     let params = params_grid(&mut rng, rows);
     // bf16 logits have many exact ties, which top-k must count as the CPU does.
-    let low: Vec<bf16> = to_bf16(&logits);
-    let low_f32: Vec<f32> = low.iter().map(|x| x.to_f32()).collect();
-    let got = run(gpu, &logits, &params, vocab);
-    let got_low = run(gpu, &low, &params, vocab);
-    for (what, got, logits) in [("f32", &got, &logits), ("bf16", &got_low, &low_f32)] {
-        let diff = differing(got, logits, &params, vocab, true);
-        assert!(
-            diff.is_empty(),
-            "{what} logits, vocab {vocab}: rows {diff:?} differ"
-        );
-        let drift = differing(got, logits, &params, vocab, false);
+    for (what, got, logits) in assert_draws_match(gpu, "randn", &logits, &params, vocab) {
+        let drift = differing(&got, &logits, &params, vocab, false);
         eprintln!(
             "{what} logits, vocab {vocab}: {rows} rows equal the procedure with f64 sums, \
              {} differ from it with f32 sums {drift:?}",
