@@ -4,6 +4,9 @@
 //! it says so and exits.
 
 mod common;
+// The tests' seeded normal logits.
+#[path = "../tests/common/mod.rs"]
+mod test_data;
 
 use std::time::Duration;
 
@@ -288,32 +291,53 @@ fn main() {
         }
     }
     // Sampling is not attention, but it ends every step: 64 rows of a Qwen3-sized vocabulary.
-    let (rows, vocab) = (64, 151_936);
-    let logits: Vec<f32> = fill(rows * vocab, 4)
+    // Which path the kernel takes depends on how the logits spread, so each case runs on four
+    // kinds, named at the end of the line as tools/peer_kernels.py names FlashInfer's: "fill*8",
+    // a few thousand bf16 values of magnitude 2^-4..8 spread evenly over 128 of the histogram's
+    // bins; "flat", normal logits (top-p 0.9 keeps about 40% of the vocabulary); "peaked",
+    // normal logits times 8 (a few logits hold the mass); and "tiny model", real logits of the
+    // embedded tiny Shakespeare model (the 9 prompts of its reference fixture, repeated to 64
+    // rows of its 2,048-token vocabulary).
+    let rows = 64;
+    let mut rng = test_data::Rng::new(4);
+    let fill8: Vec<f32> = fill(rows * 151_936, 4)
         .iter()
         .map(|x| x.to_f32() * 8.0)
         .collect();
-    let logits = gpu.upload(&logits).unwrap();
+    let fixture = phase2::models_dir().join("fixtures/tiny-shakespeare.json");
+    let model_rows = phase2::Fixture::read(&fixture).unwrap().cases;
+    let model: Vec<f32> = (0..rows)
+        .flat_map(|r| model_rows[r % model_rows.len()].logits.iter().copied())
+        .collect();
     let mut out = gpu.zeros::<u32>(rows).unwrap();
-    for (what, params) in [
-        ("greedy", SampleParams::greedy()),
-        ("T 0.7", SampleParams::new(0.7, -1, 1.0, 1, 0)),
-        ("T 0.7 top-k 50", SampleParams::new(0.7, 50, 1.0, 1, 0)),
-        ("T 0.7 top-p 0.9", SampleParams::new(0.7, -1, 0.9, 1, 0)),
-        (
-            "T 0.7 top-k 50 top-p 0.9",
-            SampleParams::new(0.7, 50, 0.9, 1, 0),
-        ),
+    for (kind, logits) in [
+        ("fill*8", fill8),
+        ("flat", rng.normals(rows * 151_936, 1.0)),
+        ("peaked", rng.normals(rows * 151_936, 8.0)),
+        ("tiny model", model),
     ] {
-        let params = gpu.upload(&vec![params; rows]).unwrap();
-        let secs = time(&gpu, &mut || {
-            sample(&gpu, &logits, &params, &mut out, rows, vocab).unwrap()
-        });
-        summary.push(format!(
-            "{:<40} {:>9.1} us",
-            format!("sample {rows}x{vocab} {what}"),
-            secs * 1e6
-        ));
+        let vocab = logits.len() / rows;
+        let logits = gpu.upload(&logits).unwrap();
+        for (what, params) in [
+            ("greedy", SampleParams::greedy()),
+            ("T 0.7", SampleParams::new(0.7, -1, 1.0, 1, 0)),
+            ("T 0.7 top-k 50", SampleParams::new(0.7, 50, 1.0, 1, 0)),
+            ("T 0.7 top-p 0.9", SampleParams::new(0.7, -1, 0.9, 1, 0)),
+            (
+                "T 0.7 top-k 50 top-p 0.9",
+                SampleParams::new(0.7, 50, 0.9, 1, 0),
+            ),
+        ] {
+            let params = gpu.upload(&vec![params; rows]).unwrap();
+            let secs = time(&gpu, &mut || {
+                sample(&gpu, &logits, &params, &mut out, rows, vocab).unwrap()
+            });
+            summary.push(format!(
+                "{:<40} {:>9.1} us",
+                format!("sample {rows}x{vocab} {what} {kind}"),
+                secs * 1e6
+            ));
+        }
     }
     c.final_summary();
     println!("\nattention on {} ({}):", gpu.name().unwrap(), gpu.arch());

@@ -21,7 +21,7 @@
 //! | cascade and split merges            | [`merge`]     | FlashInfer's merge_state              |
 //! | Qwen2's q/k/v bias                  | [`linear`]    | elementwise fusion                    |
 //! | SwiGLU activation                   | [`activation`]| elementwise fusion                    |
-//! | sampling                            | [`sampling`]  | radix select instead of a sort        |
+//! | sampling                            | [`sampling`]  | radix select; a block cluster per row |
 //! | a whole decode step                 | [`graph`]     | CUDA graphs: one launch per step      |
 
 mod check;

@@ -3,12 +3,15 @@
 //! Greedy rows take the argmax (lowest index on ties). Other rows follow phase2's
 //! `sampler::sample` step for step (temperature, top-k and top-p as a logit threshold, a draw
 //! in vocabulary order with the SplitMix64 uniform of `(seed, step)`), finding the thresholds
-//! by radix selection over the logits' bits instead of sorting. See `cuda/sampling.cu`.
+//! by radix selection over the logits' bits instead of sorting. From Hopper on, a row is read
+//! by a cluster of blocks that merge their histograms in each other's shared memory, so that a
+//! batch of 64 rows keeps every SM busy. See `cuda/sampling.cu`.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::check;
+use crate::compile::Arch;
 use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
 use crate::source::Source;
@@ -62,6 +65,15 @@ impl Logit for bf16 {
     const KERNEL: &'static str = "sample_bf16";
 }
 
+/// Blocks per row and threads per block of the sampling kernel on `arch`: a cluster of 8 blocks
+/// of 256 threads from Hopper (sm_90) on, where thread-block clusters exist; one block of 1,024
+/// threads before. The kernel is compiled with the same choice (`SAMPLE_CLUSTER`,
+/// `SAMPLE_THREADS` in `cuda/sampling.cu`), its cluster size fixed at compile time, so a plain
+/// launch of `rows * blocks` blocks forms the clusters.
+pub fn launch_shape(arch: Arch) -> (u32, u32) {
+    if arch.major >= 9 { (8, 256) } else { (1, 1024) }
+}
+
 /// `logits: [rows, vocab]`, `params: SampleParams[rows]` -> `out: u32[rows]`.
 pub fn sample<T: Logit>(
     gpu: &Gpu,
@@ -84,8 +96,10 @@ pub fn sample<T: Logit>(
     let f = gpu.function(Source::Sampling, T::KERNEL)?;
     let (pl, pp, po) = (gpu.ptr(logits), gpu.ptr(params), gpu.ptr_mut(out));
     let vocab_arg = check::int(K, "vocab", vocab)?;
+    let (blocks, threads) = launch_shape(gpu.arch());
+    let blocks = check::int(K, "blocks", rows * blocks as usize)?;
     let mut launch = gpu.stream().launch_builder(&f);
     launch.arg(&pl).arg(&vocab_arg).arg(&pp).arg(&po);
-    unsafe { launch.launch(grid((rows as u32, 1, 1), 1024)) }.during(K)?;
+    unsafe { launch.launch(grid((blocks as u32, 1, 1), threads)) }.during(K)?;
     Ok(())
 }

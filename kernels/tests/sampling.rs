@@ -1,11 +1,16 @@
 //! Device sampling: greedy is the exact argmax (first index on ties); seeded sampling draws the
 //! same token as a CPU implementation of phase2's sampler procedure on the same logits.
+//!
+//! The cases reach every path of the kernel: a top-k whose candidates rank 0 gathers, bins too
+//! full to gather (equal logits, ties at the k-th logit, logits packed into one bin), top-p
+//! alone, plain temperature, vocabularies that are not a multiple of 16 (unaligned rows), small
+//! ones that leave blocks of a cluster without logits, and masked (-inf) logits.
 
 mod common;
 
 use common::*;
-use kernels::sampling::{SampleParams, sample};
-use kernels::{Gpu, bf16};
+use kernels::sampling::{SampleParams, launch_shape, sample};
+use kernels::{Arch, Gpu};
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -109,6 +114,28 @@ fn params_grid(rng: &mut Rng, rows: usize) -> Vec<SampleParams> {
         .collect()
 }
 
+/// Every pair of (top-k, top-p) the kernel tells apart, row after row, at temperatures 0.7, 1
+/// and 1.5: top-k off, 1, small, large enough that its candidates no longer fit rank 0's list
+/// (6,000), the whole vocabulary and more (off); top-p off, 0.999, 0.9, 0.5, 0.01.
+fn every_path(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<SampleParams> {
+    let top_ks = [-1, 1, 5, 50, 1000, 6000, vocab as i32, vocab as i32 + 5];
+    let top_ps = [1.0, 0.999, 0.9, 0.5, 0.01];
+    let temps = [0.7, 1.0, 1.5];
+    (0..rows)
+        .map(|i| {
+            let (k, p) = (i % top_ks.len(), (i / top_ks.len()) % top_ps.len());
+            let t = (i / (top_ks.len() * top_ps.len())) % temps.len();
+            SampleParams::new(
+                temps[t],
+                top_ks[k],
+                top_ps[p],
+                rng.next_u64(),
+                rng.below(1000) as u64,
+            )
+        })
+        .collect()
+}
+
 fn run<T: kernels::sampling::Logit>(
     gpu: &Gpu,
     logits: &[T],
@@ -143,6 +170,33 @@ fn greedy_is_the_first_argmax() {
     // All -inf: index 0, like the CPU.
     let got = run(&gpu, &vec![f32::NEG_INFINITY; 64], &params[..1], 64);
     assert_eq!(got, vec![0]);
+    // Unaligned rows, masked logits, and a maximum of 0 held by a +0 and a -0 (equal: the first
+    // one wins), in f32 and bf16.
+    for vocab in [37, 1003] {
+        let rows = 33;
+        let mut logits = rng.normals(rows * vocab, 1.0);
+        for (r, row) in logits.chunks_mut(vocab).enumerate() {
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = if i % 4 == r % 4 {
+                    f32::NEG_INFINITY
+                } else {
+                    -x.abs()
+                };
+            }
+            row[(5 * r + 3) % vocab] = 0.0;
+            row[(7 * r + 1) % vocab] = -0.0;
+        }
+        let params = vec![SampleParams::greedy(); rows];
+        let low = to_bf16(&logits);
+        let low_f32: Vec<f32> = low.iter().map(|x| x.to_f32()).collect();
+        for (got, logits) in [
+            (run(&gpu, &logits, &params, vocab), &logits),
+            (run(&gpu, &low, &params, vocab), &low_f32),
+        ] {
+            let want: Vec<u32> = logits.chunks(vocab).map(argmax).collect();
+            assert_eq!(got, want, "vocab {vocab}");
+        }
+    }
 }
 
 /// Rows where the device's draw differs from `reference` on the same logits.
@@ -166,23 +220,45 @@ fn differing(
         .collect()
 }
 
+/// Asserts that the device draws, for f32 logits and for the same logits rounded to bf16, the
+/// token of the CPU procedure with f64 sums on every row. Returns each run: its logits' type,
+/// the tokens, and the logits as f32.
+fn assert_draws_match(
+    gpu: &Gpu,
+    what: &str,
+    logits: &[f32],
+    params: &[SampleParams],
+    vocab: usize,
+) -> [(&'static str, Vec<u32>, Vec<f32>); 2] {
+    assert_eq!(logits.len(), params.len() * vocab);
+    let low = to_bf16(logits);
+    let runs = [
+        ("f32", run(gpu, logits, params, vocab), logits.to_vec()),
+        (
+            "bf16",
+            run(gpu, &low, params, vocab),
+            low.iter().map(|x| x.to_f32()).collect(),
+        ),
+    ];
+    for (kind, got, logits) in &runs {
+        let diff = differing(got, logits, params, vocab, true);
+        let detail: Vec<_> = diff.iter().map(|&r| (r, got[r], params[r])).collect();
+        assert!(
+            diff.is_empty(),
+            "{what}, {kind} logits, vocab {vocab}: rows differ (row, token, params): {detail:?}"
+        );
+    }
+    runs
+}
+
 fn check_seeded_sampling(gpu: &Gpu, vocab: usize, scale: f64, seed: u64) {
     let mut rng = Rng::new(seed);
     let rows = 80;
     let logits = rng.normals(rows * vocab, scale);
     let params = params_grid(&mut rng, rows);
     // bf16 logits have many exact ties, which top-k must count as the CPU does.
-    let low: Vec<bf16> = to_bf16(&logits);
-    let low_f32: Vec<f32> = low.iter().map(|x| x.to_f32()).collect();
-    let got = run(gpu, &logits, &params, vocab);
-    let got_low = run(gpu, &low, &params, vocab);
-    for (what, got, logits) in [("f32", &got, &logits), ("bf16", &got_low, &low_f32)] {
-        let diff = differing(got, logits, &params, vocab, true);
-        assert!(
-            diff.is_empty(),
-            "{what} logits, vocab {vocab}: rows {diff:?} differ"
-        );
-        let drift = differing(got, logits, &params, vocab, false);
+    for (what, got, logits) in assert_draws_match(gpu, "randn", &logits, &params, vocab) {
+        let drift = differing(&got, &logits, &params, vocab, false);
         eprintln!(
             "{what} logits, vocab {vocab}: {rows} rows equal the procedure with f64 sums, \
              {} differ from it with f32 sums {drift:?}",
@@ -210,6 +286,156 @@ fn seeded_sampling_equals_the_cpu_procedure_qwen_vocab() {
 }
 
 #[test]
+fn flat_and_peaked_logits_on_every_path() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(33);
+    let (rows, vocab) = (80, 151_936);
+    for (what, scale) in [
+        ("flat logits (randn)", 1.0),
+        ("peaked logits (randn * 8)", 8.0),
+    ] {
+        let logits = rng.normals(rows * vocab, scale);
+        let params = every_path(&mut rng, rows, vocab);
+        assert_draws_match(&gpu, what, &logits, &params, vocab);
+    }
+}
+
+#[test]
+fn small_and_unaligned_vocabularies() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(34);
+    // 37 and 1,003 logits: rows start at addresses that are not 16-byte aligned, and with 37 most
+    // blocks of a cluster have no logit at all. 7,001 is past what rank 0 can gather at once.
+    for (vocab, rows) in [(37, 80), (1000, 1), (1003, 41), (2048, 7), (7001, 80)] {
+        let logits = rng.normals(rows * vocab, 2.0);
+        let params = every_path(&mut rng, rows, vocab);
+        assert_draws_match(&gpu, "randn * 2", &logits, &params, vocab);
+    }
+}
+
+#[test]
+fn equal_logits_take_the_refinement_path() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(35);
+    // Every logit of a row in one bin: too many to gather, so the selection refines to the last
+    // bit. -0 and +0 are equal logits too.
+    for vocab in [151_936, 7000, 37] {
+        let rows = 40;
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for r in 0..rows {
+            let value = [1.5, 0.0, -3.0, 0.0][r % 4];
+            logits.extend((0..vocab).map(|i| {
+                if r % 4 == 3 && i % 3 == 0 {
+                    -0.0
+                } else {
+                    value
+                }
+            }));
+        }
+        let params = every_path(&mut rng, rows, vocab);
+        assert_draws_match(&gpu, "equal logits", &logits, &params, vocab);
+    }
+}
+
+#[test]
+fn ties_at_the_kth_logit() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(36);
+    let (rows, vocab) = (80, 151_936);
+    // Half of each row ties at 1.0, a few hundred logits lie above it and the rest below: the
+    // k-th logit is one of the ties for any k up to half the row.
+    let mut logits = Vec::with_capacity(rows * vocab);
+    for _ in 0..rows {
+        logits.extend((0..vocab).map(|_| match rng.below(1000) {
+            0..=1 => 1.5 + rng.uniform() as f32 * 2.0,
+            2..=499 => 1.0,
+            _ => rng.normal() as f32 - 2.0,
+        }));
+    }
+    let params = every_path(&mut rng, rows, vocab);
+    assert_draws_match(&gpu, "ties at the k-th logit", &logits, &params, vocab);
+    // Logits from a handful of values: ties everywhere.
+    let logits: Vec<f32> = (0..rows * vocab)
+        .map(|_| (rng.normal() * 2.0).round() as f32)
+        .collect();
+    assert_draws_match(&gpu, "integer logits", &logits, &params, vocab);
+}
+
+#[test]
+fn masked_logits() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(37);
+    let (rows, vocab) = (80, 151_936);
+    // Row r masks a share of its vocabulary with -inf: 30%, or all but 20 logits.
+    let mut logits = rng.normals(rows * vocab, 3.0);
+    for (r, row) in logits.chunks_mut(vocab).enumerate() {
+        let keep_one_in = if r % 2 == 0 { 0 } else { vocab / 20 };
+        for (i, x) in row.iter_mut().enumerate() {
+            let masked = if keep_one_in == 0 {
+                rng.below(10) < 3
+            } else {
+                i % keep_one_in != 0
+            };
+            if masked {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let params = every_path(&mut rng, rows, vocab);
+    assert_draws_match(&gpu, "masked logits", &logits, &params, vocab);
+}
+
+#[test]
+fn bins_too_full_to_gather() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(38);
+    let (rows, vocab) = (40, 151_936);
+    let mut logits = Vec::with_capacity(rows * vocab);
+    for r in 0..rows {
+        match r % 3 {
+            // Distinct logits, all in one 12-bit bin (1.0 to 1.1): the crossing is found in the
+            // next 12 bits, then gathered.
+            0 => logits.extend((0..vocab).map(|_| 1.0 + rng.uniform() as f32 * 0.1)),
+            // Logits that differ only in their last 8 bits: the last level decides.
+            1 => logits
+                .extend((0..vocab).map(|_| f32::from_bits(0x3f80_0000 + rng.below(256) as u32))),
+            // One logit far above a cloud whose fixed-point weights round to 0..3: the cloud's
+            // count is not bounded by its mass, so gathering is tried and overflows.
+            _ => logits.extend((0..vocab).map(|i| {
+                if i == vocab / 2 {
+                    0.0
+                } else {
+                    -27.2 + rng.uniform() as f32 * 0.4
+                }
+            })),
+        }
+    }
+    let mut params = every_path(&mut rng, rows, vocab);
+    for (r, p) in params.iter_mut().enumerate() {
+        if r % 3 == 2 {
+            p.temperature = 1.0;
+            p.top_k = -1;
+            p.top_p = 0.999_999_94;
+        }
+    }
+    assert_draws_match(&gpu, "bins too full to gather", &logits, &params, vocab);
+}
+
+#[test]
+fn real_model_logits() {
+    let Some(gpu) = gpu() else { return };
+    // The tiny Shakespeare model's logits after the 9 prompts of its reference fixture.
+    let fixture = phase2::models_dir().join("fixtures/tiny-shakespeare.json");
+    let cases = phase2::Fixture::read(&fixture).unwrap().cases;
+    let (rows, vocab) = (80, cases[0].logits.len());
+    let logits: Vec<f32> = (0..rows)
+        .flat_map(|r| cases[r % cases.len()].logits.iter().copied())
+        .collect();
+    let params = every_path(&mut Rng::new(39), rows, vocab);
+    assert_draws_match(&gpu, "tiny model logits", &logits, &params, vocab);
+}
+
+#[test]
 fn sampled_frequencies_follow_the_softmax() {
     let Some(gpu) = gpu() else { return };
     let logits = [1.0f32, 0.0, 2.0, -1.0];
@@ -233,4 +459,18 @@ fn sampled_frequencies_follow_the_softmax() {
 #[test]
 fn params_are_32_bytes_as_the_kernel_reads_them() {
     assert_eq!(std::mem::size_of::<SampleParams>(), 32);
+}
+
+#[test]
+fn a_cluster_of_blocks_per_row_from_hopper_on() {
+    assert_eq!(launch_shape(Arch { major: 8, minor: 0 }), (1, 1024));
+    assert_eq!(launch_shape(Arch { major: 8, minor: 9 }), (1, 1024));
+    assert_eq!(launch_shape(Arch { major: 9, minor: 0 }), (8, 256));
+    assert_eq!(
+        launch_shape(Arch {
+            major: 10,
+            minor: 0
+        }),
+        (8, 256)
+    );
 }

@@ -1,4 +1,4 @@
-// Sampling the next token on the device, one block per row of logits.
+// Sampling the next token on the device: a cluster of thread blocks per row of logits.
 //
 // Greedy (temperature 0) is an argmax, lowest index on ties. Otherwise the procedure is the one
 // of phase2's sampler.rs, step for step, so that a seeded request draws the same token on the
@@ -10,17 +10,56 @@
 //   candidates are the logits >= threshold; u = uniform(seed, step) (SplitMix64), and the token
 //   is the first candidate, in vocabulary order, at which the running weight exceeds
 //   u * (total candidate weight).
-// Instead of sorting 150k logits, thresholds are found by radix selection over the logits'
-// bits: logits are mapped to unsigned keys with the same order, and four passes pick the key
-// one byte at a time from a 256-bin histogram of counts (top-k) or weights (top-p).
-//
 // Weights are summed as 40-bit fixed point in 64-bit integers: integer sums do not depend on
 // the order of addition, so every run gives the same answer, and the precision (2^-40 per term)
 // is finer than the f32 sums of the CPU. The CPU and the GPU can therefore only disagree when
 // the draw lands within f32 rounding of a boundary between two tokens.
+//
+// Thresholds are found by radix selection instead of sorting 150k logits (the idea of AIR
+// top-k in RAFT; FlashInfer instead samples without sorting by rejection against pivots, which
+// draws other tokens than this procedure): logits map to unsigned keys with the same order, a
+// histogram of the top 12 bits of the keys tells which bin holds the k-th logit (counts) or the
+// top-p crossing (weights), and only that bin is looked at again.
+//
+// The layout, and why:
+// - A cluster of 8 blocks per row (Hopper's thread-block clusters), each block owning a
+//   contiguous eighth of the row: 64 rows make 512 blocks, so every SM reads, where one block
+//   per row left half of an H100 idle and read each row at one SM's bandwidth.
+// - The blocks of a cluster can read and write each other's shared memory (distributed shared
+//   memory, DSMEM), and wait for each other at a cluster barrier. Histograms are merged into
+//   the first block of the cluster ("rank 0") with atomics on its shared memory, and rank 0's
+//   decisions are written into every block's shared memory: no global atomics, no workspace,
+//   one launch.
+// - Once the bin is known, its logits (usually tens to a few thousand) are gathered into rank
+//   0's shared memory (a "list" of key << 32 | index entries), where the rest of the selection
+//   finishes without another pass over the row. With top-k on, the list holds every logit of
+//   the k-th logit's bin and above, hence every candidate: rank 0 also draws the token from it.
+// - When a bin is too full to gather (many equal logits), the next 12 bits, then the last 8, are
+//   histogrammed among the logits of that bin: slower, same answer.
+// - The draw: each block's candidate mass tells which block holds the token; that block's slice
+//   is cut into one small piece per thread of the cluster, a scan over the pieces finds the
+//   piece, and its thread walks it.
+// Before Hopper the same code runs with a cluster of one block per row (cluster barriers are
+// block barriers, "remote" shared memory is the block's own).
+//
+// Every write into another block's shared memory is followed by a cluster barrier before the
+// owner reads it, and targets memory its owner no longer reads until that barrier; a block
+// leaves only after the last barrier after which no other block touches its shared memory.
 
+#if __CUDA_ARCH__ >= 900
+#define SAMPLE_CLUSTER 8
+#define SAMPLE_THREADS 256
+#define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
+#else
+#define SAMPLE_CLUSTER 1
 #define SAMPLE_THREADS 1024
+#define SAMPLE_CLUSTER_DIMS
+#endif
+// sampling.rs launches SAMPLE_CLUSTER blocks of SAMPLE_THREADS per row (`launch_shape`).
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define SAMPLE_BINS 4096     // 12-bit histograms
+#define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
+#define LIST_BINS 256        // rank 0 selects within its list one byte at a time
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
 struct SampleParams {
@@ -32,14 +71,97 @@ struct SampleParams {
     u64 step;
 };
 
-struct SampleShared {
-    u64 hist[256];
-    u64 scan[SAMPLE_WARPS];
-    float fval[SAMPLE_WARPS];
-    int fidx[SAMPLE_WARPS];
+// What rank 0 decides, written into every block of the cluster and read after the next cluster
+// barrier.
+struct Decision {
+    u64 above;  // count or mass of the selected logits above the chosen bin (all levels so far)
+    u64 mass;   // the chosen bin's count or mass
+    u64 need;   // what the selection must reach
+    u64 kept[SAMPLE_CLUSTER];  // each block's candidate mass, once a weighted selection is done
     u32 bin;
-    u64 above;
+    u32 try_list;  // the chosen bin is small enough to gather into rank 0's list
+    u32 resolved;  // rank 0 found the key in its list
+    u32 key;
 };
+#define DECISION_WORDS (sizeof(Decision) / 8)
+
+struct SampleShared {
+    union {
+        u32 hist[2 * SAMPLE_BINS];  // counts, or the low then the high 32 bits of masses
+        u64 list[SAMPLE_LIST];      // rank 0's gathered logits: key << 32 | index
+    };
+    u32 small[2 * LIST_BINS];       // rank 0's histogram over its list
+    u64 scratch[SAMPLE_WARPS];
+    Decision d, stage;              // rank 0's decision as received, and as being written
+    u64 sums[3][SAMPLE_CLUSTER];    // every block's slice sums (see slice_sums)
+    u64 acc[SAMPLE_CLUSTER];        // rank 0: each block's candidate mass above the list's bin
+    u64 part[SAMPLE_CLUSTER];       // each block's part of the owner's candidate mass
+    u64 best[SAMPLE_CLUSTER];       // rank 0: each block's greedy pick
+    float maxes[SAMPLE_CLUSTER];    // each block's maximum
+    u64 found[2];
+    u32 found_bin;
+    u32 list_count;
+};
+
+// Cluster primitives (inline PTX, sm_90): shared addresses are 32-bit offsets in the shared
+// window; mapa turns one into the same variable's address in another block of the cluster.
+
+#if __CUDA_ARCH__ >= 900
+#define DSMEM ".shared::cluster"
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 cluster_index() {
+    u32 r;
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
+}
+// The address of shared variable `p` in block `rank` of the cluster.
+__device__ __forceinline__ u32 remote(const void* p, u32 rank) {
+    u32 a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(a)
+                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
+    return a;
+}
+#else
+#define DSMEM ".shared"
+__device__ __forceinline__ u32 cluster_rank() { return 0; }
+__device__ __forceinline__ u32 cluster_index() { return blockIdx.x; }
+__device__ __forceinline__ void cluster_arrive() {}
+__device__ __forceinline__ void cluster_wait() {}
+__device__ __forceinline__ void cluster_sync() { __syncthreads(); }
+__device__ __forceinline__ u32 remote(const void* p, u32) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+#endif
+
+__device__ __forceinline__ void store_remote(u32 a, u64 v) {
+    asm volatile("st" DSMEM ".u64 [%0], %1;" ::"r"(a), "l"(v) : "memory");
+}
+__device__ __forceinline__ void store_remote(u32 a, float v) {
+    asm volatile("st" DSMEM ".f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ u32 atomic_add_remote(u32 a, u32 v) {
+    u32 old;
+    asm volatile("atom" DSMEM ".add.u32 %0, [%1], %2;" : "=r"(old) : "r"(a), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void add_remote(u32 a, u32 v) {
+    asm volatile("red" DSMEM ".add.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
 
 __device__ __forceinline__ u64 splitmix64(u64 x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -48,9 +170,12 @@ __device__ __forceinline__ u64 splitmix64(u64 x) {
     return x ^ (x >> 31);
 }
 
-// Maps a float to an unsigned key with the same order (the order of f32::total_cmp).
+// Maps a float to an unsigned key with the same order (that of f32::total_cmp, except that -0
+// and +0, equal as floats, share one key): for any two non-NaN logits, x >= y exactly when
+// key(x) >= key(y), so "candidate" can be tested on keys.
 __device__ __forceinline__ u32 order_key(float x) {
-    const u32 b = __float_as_uint(x);
+    u32 b = __float_as_uint(x);
+    b = b == 0x80000000u ? 0u : b;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
@@ -58,164 +183,644 @@ __device__ __forceinline__ float key_value(u32 k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-__device__ __forceinline__ float load_logit(const float* row, int i) { return row[i]; }
-__device__ __forceinline__ float load_logit(const bf16* row, int i) { return __bfloat162float(row[i]); }
-
-// Passes the logits of the 16-byte chunk c, which starts at index i, to f(index, value).
-template <typename F>
-__device__ __forceinline__ void visit_chunk(const float*, const uint4 c, int i, F& f) {
-    f(i, __uint_as_float(c.x));
-    f(i + 1, __uint_as_float(c.y));
-    f(i + 2, __uint_as_float(c.z));
-    f(i + 3, __uint_as_float(c.w));
-}
-
-template <typename F>
-__device__ __forceinline__ void visit_chunk(const bf16*, const uint4 c, int i, F& f) {
-    const u32 w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        f(i + 2 * j, __uint_as_float(w[j] << 16));
-        f(i + 2 * j + 1, __uint_as_float(w[j] & 0xffff0000u));
-    }
-}
-
-// Calls f(index, logit) for the logits in [begin, end) that `worker` of `workers` owns when they
-// walk the range in 16-byte chunks, four chunks in flight per worker: a pass over a row of
-// 150k logits is bound by how many loads are in flight, not by arithmetic. One logit at a time
-// where the range is not 16-byte aligned. Each worker sees its indices in increasing order.
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, int worker,
-                                               int workers, F f) {
-    constexpr int V = 16 / sizeof(T);
-    int tail = begin;
-    if ((reinterpret_cast<size_t>(row + begin) & 15) == 0) {
-        const uint4* chunks = reinterpret_cast<const uint4*>(row + begin);
-        const int n = (end - begin) / V;
-        int c = worker;
-        for (; c + 3 * workers < n; c += 4 * workers) {
-            uint4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = chunks[c + u * workers];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) visit_chunk(row, v[u], begin + (c + u * workers) * V, f);
-        }
-        for (; c < n; c += workers) visit_chunk(row, chunks[c], begin + c * V, f);
-        tail = begin + n * V;
-    }
-    for (int i = tail + worker; i < end; i += workers) f(i, load_logit(row, i));
-}
-
 // Precise expf and a true division, as on the CPU.
 __device__ __forceinline__ u64 fixed_weight(float x, float max, float temperature) {
     return (u64)(expf((x - max) / temperature) * FIXED_ONE);
 }
 
-__device__ __forceinline__ u64 block_sum_u64(u64 v, SampleShared& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// ceil(top_p * total), at least 1: the mass the top-p head must reach.
+__device__ __forceinline__ u64 top_p_need(float top_p, u64 total) {
+    const double need = ceil((double)top_p * (double)total);
+    return need < 1.0 ? 1ull : (u64)need;
+}
+
+// floor(kept * u) for u = the request's 24 random bits / 2^24, exact in 128 bits.
+__device__ __forceinline__ u64 draw_target(u64 kept, const SampleParams& p) {
+    const u64 bits = splitmix64(p.seed ^ splitmix64(p.step)) >> 40;
+    const u64 lo = kept * bits, hi = __umul64hi(kept, bits);
+    return (hi << 40) | (lo >> 24);
+}
+
+__device__ __forceinline__ float load_logit(const float* row, int i) { return row[i]; }
+__device__ __forceinline__ float load_logit(const bf16* row, int i) { return __bfloat162float(row[i]); }
+
+// Logit j of a 16-byte chunk. Selects rather than an indexed array, so that the chunk stays in
+// registers while j varies.
+__device__ __forceinline__ u32 chunk_word(const uint4 c, int w) {
+    return w == 0 ? c.x : w == 1 ? c.y : w == 2 ? c.z : c.w;
+}
+__device__ __forceinline__ float chunk_logit(const float*, const uint4 c, int j) {
+    return __uint_as_float(chunk_word(c, j));
+}
+__device__ __forceinline__ float chunk_logit(const bf16*, const uint4 c, int j) {
+    const u32 w = chunk_word(c, j >> 1);
+    return __uint_as_float(j & 1 ? w & 0xffff0000u : w << 16);
+}
+
+// Calls f(index, logit, ok) for the logits in [begin, end), shared out among the block's threads
+// in 16-byte chunks, four chunks in flight per thread (a pass over a row is bound by the loads in
+// flight); one logit per thread for the unaligned head and the tail. Every thread of the block
+// makes the same number of calls, with ok false where it has no logit, so that f may use
+// warp-wide intrinsics. The logits of the four chunks are visited in a loop rather than unrolled:
+// f appears once in the code, not 16 or 32 times.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, F f) {
+    constexpr int V = 16 / sizeof(T);
+    const int t = threadIdx.x;
+    const int misaligned = (int)((reinterpret_cast<size_t>(row + begin) & 15) / sizeof(T));
+    const int body = min(end, begin + (misaligned ? V - misaligned : 0));
+    if (begin < body) {
+        const bool ok = begin + t < body;
+        f(begin + t, ok ? load_logit(row, begin + t) : 0.f, ok);
+    }
+    const uint4* chunks = reinterpret_cast<const uint4*>(row + body);
+    const int n = (end - body) / V;
+    for (int base = 0; base < n; base += 4 * SAMPLE_THREADS) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = base + u * SAMPLE_THREADS + t;
+            v[u] = c < n ? chunks[c] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll 1
+        for (int k = 0; k < 4 * V; ++k) {
+            const int u = k / V, c = base + u * SAMPLE_THREADS + t;
+            const uint4 chunk = u == 0 ? v[0] : u == 1 ? v[1] : u == 2 ? v[2] : v[3];
+            f(body + c * V + k % V, chunk_logit(row, chunk, k % V), c < n);
+        }
+    }
+    const int tail = body + n * V;
+    if (tail < end) {
+        const bool ok = tail + t < end;
+        f(tail + t, ok ? load_logit(row, tail + t) : 0.f, ok);
+    }
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    __syncthreads();
-    if (lane == 0) s.scan[warp] = v;
+    return v;
+}
+
+// Block-wide reductions: every thread of the block calls them and gets the result.
+__device__ __forceinline__ u64 block_sum_u64(u64 v, SampleShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum_u64(v);
+    __syncthreads();  // s.scratch may still be read by a previous reduction
+    if (lane == 0) s.scratch[warp] = v;
     __syncthreads();
     u64 total = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) total += s.scan[w];
+    for (int w = 0; w < SAMPLE_WARPS; ++w) total += s.scratch[w];
     return total;
 }
 
-// Adds every lane's `c` to hist[bin] (bin 256: nothing to add) with one shared-memory atomic
-// per distinct bin in the warp. Logits cluster in a few exponent bins, so plain per-lane atomics
-// would queue on the same few addresses; instead the lanes of a bin are found with
-// __match_any_sync and their contributions summed first (a popcount for counts, shuffles for
-// weights). Every lane of the warp must call this.
-template <bool WEIGHTED>
-__device__ __forceinline__ void add_to_histogram(u64* hist, u32 bin, u64 c, int lane) {
-    const u32 peers = __match_any_sync(FULL_MASK, bin);
-    u32 leaders = __ballot_sync(FULL_MASK, lane == __ffs(peers) - 1 && bin < 256);
-    while (leaders) {  // the same on every lane: the loop stays converged
-        const int l = __ffs(leaders) - 1;
-        leaders &= leaders - 1;
-        const u32 group = __shfl_sync(FULL_MASK, peers, l);
-        u64 v;
-        if (WEIGHTED) {
-            v = (group >> lane) & 1u ? c : 0ull;
+__device__ __forceinline__ u64 block_max_u64(u64 v, SampleShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-        } else {
-            v = __popc(group);
-        }
-        if (lane == l) atomicAdd(&hist[bin], v);
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    __syncthreads();
+    if (lane == 0) s.scratch[warp] = v;
+    __syncthreads();
+    for (int w = 0; w < SAMPLE_WARPS; ++w) v = max(v, s.scratch[w]);
+    return v;
+}
+
+// Maximum, NaN ignored (as f32::max does).
+__device__ __forceinline__ float block_max(float v, SampleShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) s.scratch[warp] = __float_as_uint(v);
+    __syncthreads();
+    for (int w = 0; w < SAMPLE_WARPS; ++w) v = fmaxf(v, __uint_as_float((u32)s.scratch[w]));
+    return v;
+}
+
+// The sum of v over the threads before this one; `total` gets the sum over all.
+__device__ __forceinline__ u64 block_exclusive_scan(u64 v, u64& total, SampleShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u64 incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += t;
+    }
+    __syncthreads();
+    if (lane == 31) s.scratch[warp] = incl;
+    __syncthreads();
+    u64 before = 0;
+    total = 0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+        const u64 t = s.scratch[w];
+        before += w < warp ? t : 0;
+        total += t;
+    }
+    return before + incl - v;
+}
+
+// Histograms in shared memory. A mass is 64 bits, but a 64-bit shared-memory atomic add is a
+// compare-and-swap loop: it is kept as two 32-bit words instead, the high word taking the carry
+// out of the low one, which the low word's atomic tells by the value it returns.
+
+template <bool WEIGHTED>
+__device__ __forceinline__ void hist_add(u32* lo, u32* hi, u32 bin, u64 c) {
+    if (!WEIGHTED) {
+        atomicAdd(&lo[bin], (u32)c);
+        return;
+    }
+    const u32 low = (u32)c;
+    const u32 old = atomicAdd(&lo[bin], low);
+    const u32 high = (u32)(c >> 32) + (old + low < old ? 1u : 0u);
+    if (high) atomicAdd(&hi[bin], high);
+}
+
+template <bool WEIGHTED>
+__device__ __forceinline__ u64 hist_mass(const u32* lo, const u32* hi, int bin) {
+    return WEIGHTED ? ((u64)hi[bin] << 32) + lo[bin] : (u64)lo[bin];
+}
+
+// Adds c to `bin` for the lanes where `take`. Every lane of the warp calls it. When every
+// taking lane falls into the same bin (equal logits, a masked vocabulary), one atomic instead of
+// up to 32 queued on one address.
+template <bool WEIGHTED>
+__device__ __forceinline__ void warp_hist_add(u32* lo, u32* hi, u32 bin, u64 c, bool take) {
+    const u32 takers = __ballot_sync(FULL_MASK, take);
+    if (takers == 0) return;
+    const int lane = threadIdx.x & 31, leader = __ffs(takers) - 1;
+    const u32 first = __shfl_sync(FULL_MASK, bin, leader);
+    if (__all_sync(FULL_MASK, !take || bin == first)) {
+        const u64 sum = WEIGHTED ? warp_sum_u64(take ? c : 0ull) : (u64)__popc(takers);
+        if (lane == leader) hist_add<WEIGHTED>(lo, hi, first, sum);
+    } else if (take) {
+        hist_add<WEIGHTED>(lo, hi, bin, c);
     }
 }
 
-// The largest key v such that the participating elements with key >= v add up to >= need
-// (their count, or their fixed-point weight). Participating: every element, or with `strict`
-// only those with key > lo_key. Four passes, one byte of the key each, most significant first.
-template <typename T, bool WEIGHTED>
-__device__ u32 radix_select(const T* row, int vocab, u64 need, bool strict, u32 lo_key, float max,
-                            float temperature, SampleShared& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// Adds this block's histogram into rank 0's (rank 0 builds into its own, the merge target).
+// Only non-zero bins travel.
+template <bool WEIGHTED>
+__device__ void merge_into_rank0(SampleShared& s, int nbins, u32 rank) {
+    if (rank == 0) return;
+    __syncthreads();  // this block's histogram is complete
+    const u32 lo0 = remote(s.hist, 0), hi0 = remote(s.hist + SAMPLE_BINS, 0);
+    for (int b = threadIdx.x; b < nbins; b += SAMPLE_THREADS) {
+        const u32 lo = s.hist[b], hi = WEIGHTED ? s.hist[SAMPLE_BINS + b] : 0u;
+        if (lo == 0 && hi == 0) continue;
+        if (!WEIGHTED) {
+            add_remote(lo0 + 4 * b, lo);
+            continue;
+        }
+        const u32 old = atomic_add_remote(lo0 + 4 * b, lo);
+        const u32 high = hi + (old + lo < old ? 1u : 0u);
+        if (high) add_remote(hi0 + 4 * b, high);
+    }
+}
+
+// This block's own mass (or count) in bins [from, to).
+template <bool WEIGHTED>
+__device__ u64 local_mass(SampleShared& s, int from, int to) {
+    u64 m = 0;
+    for (int b = from + threadIdx.x; b < to; b += SAMPLE_THREADS)
+        m += hist_mass<WEIGHTED>(s.hist, s.hist + SAMPLE_BINS, b);
+    return block_sum_u64(m, s);
+}
+
+__device__ __forceinline__ void clear_histogram(SampleShared& s) {
+    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += SAMPLE_THREADS) s.hist[b] = 0;
+}
+
+struct Found {
+    u32 bin;
+    u64 above;  // `above` plus the bins above `bin`
+    u64 mass;   // the bin's own
+    u64 need;
+};
+
+// The bin at which the running mass (or count) of the histogram, from the top bin down and
+// starting at `above`, first reaches need_of(total of the histogram). Run by one block; every
+// thread gets the answer. Thread t sums a run of bins from the top; a scan over the threads
+// finds the run that crosses, and its thread walks it.
+template <bool WEIGHTED, typename Need>
+__device__ Found find_crossing(const u32* lo, const u32* hi, int nbins, u64 above, Need need_of,
+                               SampleShared& s) {
+    const int per = (nbins + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int top = nbins - 1 - (int)threadIdx.x * per;
+    u64 mine = 0;
+    for (int j = 0; j < per && top - j >= 0; ++j) mine += hist_mass<WEIGHTED>(lo, hi, top - j);
+    u64 total;
+    const u64 before = block_exclusive_scan(mine, total, s);
+    const u64 need = need_of(total);
+    if (above + before < need && above + before + mine >= need) {
+        u64 run = above + before;
+        for (int j = 0; j < per && top - j >= 0; ++j) {
+            const u64 m = hist_mass<WEIGHTED>(lo, hi, top - j);
+            if (run + m >= need) {
+                s.found_bin = top - j;
+                s.found[0] = run;
+                s.found[1] = m;
+                break;
+            }
+            run += m;
+        }
+    }
+    // Unreachable when need <= above + total; the lowest bin then, as a radix select would.
+    if (threadIdx.x == 0 && above + total < need) {
+        s.found_bin = 0;
+        s.found[1] = hist_mass<WEIGHTED>(lo, hi, 0);
+        s.found[0] = above + total - s.found[1];
+    }
+    __syncthreads();
+    return Found{s.found_bin, s.found[0], s.found[1], need};
+}
+
+// The list entries as (logit key, count one).
+struct KeyCounts {
+    __device__ u32 key(u64 e) const { return (u32)(e >> 32); }
+    __device__ u64 weight(u64) const { return 1; }
+};
+
+// The list entries as (logit key, weight); with `strict`, only keys above `floor` count.
+struct KeyWeights {
+    float max, temperature;
+    bool strict;
+    u32 floor;
+    __device__ u32 key(u64 e) const { return (u32)(e >> 32); }
+    __device__ u64 weight(u64 e) const {
+        const u32 k = key(e);
+        return strict && k <= floor ? 0ull : fixed_weight(key_value(k), max, temperature);
+    }
+};
+
+// The list entries as (~index, weight of a candidate): selecting on ~index walks the vocabulary
+// order, so the draw is a selection too.
+struct IndexWeights {
+    float max, temperature, threshold;
+    __device__ u32 key(u64 e) const { return ~(u32)e; }
+    __device__ u64 weight(u64 e) const {
+        const float x = key_value((u32)(e >> 32));
+        return x >= threshold ? fixed_weight(x, max, temperature) : 0ull;
+    }
+};
+
+// Rank 0: the largest selection key v such that the first `n` list entries with key >= v weigh
+// at least `need`, one byte of the key at a time (four 256-bin histograms of the list).
+template <typename View>
+__device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, const View& view) {
+    u32* lo = s.small;
+    u32* hi = s.small + LIST_BINS;
     u32 prefix = 0, mask = 0;
-    u64 above = 0;  // what the elements above the chosen prefix range already contribute
+    u64 above = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += SAMPLE_THREADS) s.hist[i] = 0;
+        for (int b = threadIdx.x; b < 2 * LIST_BINS; b += SAMPLE_THREADS) s.small[b] = 0;
         __syncthreads();
-        // The loop bound is the same for the whole block, so warps stay converged for the
-        // warp-wide intrinsics in add_to_histogram.
-        for (int base = 0; base < vocab; base += SAMPLE_THREADS) {
-            const int i = base + threadIdx.x;
-            u32 bin = 256;
-            u64 c = 0;
-            if (i < vocab) {
-                const float x = load_logit(row, i);
-                const u32 k = order_key(x);
-                if (!(strict && k <= lo_key) && (k & mask) == prefix) {
-                    bin = (k >> shift) & 255;
-                    c = WEIGHTED ? fixed_weight(x, max, temperature) : 1ull;
-                }
-            }
-            add_to_histogram<WEIGHTED>(s.hist, bin, c, lane);
+        for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+            const u64 e = s.list[j];
+            const u32 k = view.key(e);
+            if ((k & mask) != prefix) continue;
+            const u64 w = view.weight(e);
+            if (w) hist_add<true>(lo, hi, (k >> shift) & 255, w);
         }
         __syncthreads();
-        if (warp == 0) {
-            // Lane l sums bins 255-8l down to 248-8l; a scan over lanes runs from the top bin down.
-            u64 local = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) local += s.hist[255 - 8 * lane - j];
-            u64 incl = local;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-                if (lane >= o) incl += t;
-            }
-            const u64 excl = incl - local;
-            const bool crosses = above + excl < need && above + incl >= need;
-            if (crosses) {
-                u64 run = above + excl;
-                for (int j = 0; j < 8; ++j) {
-                    const int b = 255 - 8 * lane - j;
-                    if (run + s.hist[b] >= need) {
-                        s.bin = b;
-                        s.above = run;
-                        break;
-                    }
-                    run += s.hist[b];
-                }
-            }
-            // Unreachable when need <= the total; keep the lowest bin then.
-            const u64 all = __shfl_sync(FULL_MASK, incl, 31);
-            const bool none = __ballot_sync(FULL_MASK, crosses) == 0;
-            if (none && lane == 0) {
-                s.bin = 0;
-                s.above = above + all - s.hist[0];
-            }
-        }
-        __syncthreads();
-        prefix |= s.bin << shift;
-        mask |= 0xffu << shift;
-        above = s.above;
+        const Found f = find_crossing<true>(lo, hi, LIST_BINS, above, [=](u64) { return need; }, s);
+        prefix |= f.bin << shift;
+        mask |= 255u << shift;
+        above = f.above;
     }
     return prefix;
+}
+
+// Rank 0: the sum of f(entry) over the first n list entries.
+template <typename F>
+__device__ u64 list_sum(SampleShared& s, int n, F f) {
+    u64 sum = 0;
+    for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) sum += f(s.list[j]);
+    return block_sum_u64(sum, s);
+}
+
+// One row, as one block of its cluster sees it.
+template <typename T>
+struct Ctx {
+    const T* row;
+    int vocab;
+    int per;  // logits per block (a multiple of 16: aligned 16-byte loads in every slice)
+    int begin, end;
+    u32 rank;
+    u32 row_index;
+    SampleParams p;
+    float max;
+};
+
+// Which logits a selection counts, and what it must reach.
+struct Query {
+    bool strict;      // only keys > floor
+    u32 floor;
+    u64 need;
+    bool from_total;  // need = top_p_need(top_p, mass of the whole first histogram)
+};
+
+// Rank 0 writes s.stage into every block's s.d (the caller's cluster barrier follows).
+__device__ void publish(SampleShared& s) {
+    __syncthreads();  // s.stage is complete
+    const u64* words = reinterpret_cast<const u64*>(&s.stage);
+    u64* to = reinterpret_cast<u64*>(&s.d);
+    for (int t = threadIdx.x; t < SAMPLE_CLUSTER * (int)DECISION_WORDS; t += SAMPLE_THREADS)
+        store_remote(remote(to + t % DECISION_WORDS, t / DECISION_WORDS), words[t % DECISION_WORDS]);
+}
+
+// Rank 0, once every block's histogram of this level is merged into its own: the crossing bin,
+// and whether its logits are few enough to gather. Clears the histogram for what comes next
+// (the list, or the next level's histogram) and publishes.
+template <typename T, bool WEIGHTED>
+__device__ __noinline__ void decide_level(const Ctx<T>& c, SampleShared& s, int shift, int nbins, u32 prefix,
+                             u64 above, const Query& q, bool last) {
+    const Found f = find_crossing<WEIGHTED>(
+        s.hist, s.hist + SAMPLE_BINS, nbins, above,
+        [&](u64 total) { return q.from_total ? top_p_need(c.p.top_p, total) : q.need; }, s);
+    if (threadIdx.x == 0) {
+        bool fits = f.mass <= SAMPLE_LIST;
+        if (WEIGHTED) {
+            // Counts are not kept with masses: every logit of the bin weighs at least the weight
+            // of the bin's lowest key, which bounds the count. A weight of 0 bounds nothing, so
+            // the list is tried (and may overflow).
+            u32 low = prefix | ((u32)f.bin << shift);
+            if (q.strict) low = max(low, q.floor + 1);
+            const u64 w = fixed_weight(key_value(low), c.max, c.p.temperature);
+            fits = w == 0 || f.mass / w <= SAMPLE_LIST;
+        }
+        s.stage.bin = f.bin;
+        s.stage.above = f.above;
+        s.stage.mass = f.mass;
+        s.stage.need = f.need;
+        s.stage.try_list = !last && fits;
+        s.stage.resolved = 0;
+        s.list_count = 0;
+    }
+    __syncthreads();  // every thread has read the histogram
+    clear_histogram(s);
+    publish(s);
+}
+
+// Histogram of this block's slice at one level: the logits that take part in the query and whose
+// key starts with `prefix` (under `mask`), binned by the log2(nbins) bits at `shift`.
+template <typename T, bool WEIGHTED>
+__device__ void build_histogram(const Ctx<T>& c, SampleShared& s, int shift, int nbins, u32 prefix,
+                                u32 mask, const Query& q) {
+    // Locals, not loads through `c` and `q` in the loop, which the atomics' memory clobbers
+    // would repeat.
+    const float mx = c.max, temp = c.p.temperature;
+    const bool strict = q.strict;
+    const u32 floor = q.floor;
+    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        const u32 key = order_key(x);
+        const bool take = ok && (key & mask) == prefix && (!strict || key > floor);
+        u64 w = 1;
+        if (WEIGHTED && take) w = fixed_weight(x, mx, temp);
+        warp_hist_add<WEIGHTED>(s.hist, s.hist + SAMPLE_BINS, (key >> shift) & (nbins - 1), w,
+                                take);
+    });
+}
+
+// Appends (key << 32 | index) of this block's logits with take(key) to rank 0's list: one atomic
+// on rank 0's count per warp and round. Entries past the list's end are counted, not written.
+template <typename T, typename Take>
+__device__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take) {
+    const u32 count0 = remote(&s.list_count, 0), list0 = remote(s.list, 0);
+    const int lane = threadIdx.x & 31;
+    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
+        const u32 key = order_key(x);
+        const bool t = ok && take(key);
+        const u32 ballot = __ballot_sync(FULL_MASK, t);
+        if (ballot == 0) return;
+        const int leader = __ffs(ballot) - 1;
+        u32 base = 0;
+        if (lane == leader) base = atomic_add_remote(count0, __popc(ballot));
+        const u32 slot = __shfl_sync(FULL_MASK, base, leader) + __popc(ballot & ((1u << lane) - 1));
+        if (t && slot < SAMPLE_LIST) store_remote(list0 + 8 * slot, ((u64)key << 32) | (u32)i);
+    });
+}
+
+// This block's count and mass of the logits with key > `key`, and count of those at `key`,
+// written into every block's s.sums[.][rank] (the caller's cluster barrier follows).
+template <typename T>
+__device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
+    const float mx = c.max, temp = c.p.temperature;
+    u64 count = 0, mass = 0, at = 0;
+    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        const u32 k = order_key(x);
+        if (ok && k > key) {
+            count += 1;
+            mass += fixed_weight(x, mx, temp);
+        }
+        at += ok && k == key;
+    });
+    count = block_sum_u64(count, s);
+    mass = block_sum_u64(mass, s);
+    at = block_sum_u64(at, s);
+    if (threadIdx.x < SAMPLE_CLUSTER) {
+        store_remote(remote(&s.sums[0][c.rank], threadIdx.x), count);
+        store_remote(remote(&s.sums[1][c.rank], threadIdx.x), mass);
+        store_remote(remote(&s.sums[2][c.rank], threadIdx.x), at);
+    }
+}
+
+// Rank 0, after a weighted selection resolved in its list (the list holds the crossing bin's
+// logits, s.acc each other block's mass above that bin): each block's candidate mass.
+template <typename T>
+__device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, int n, u64 above, float threshold) {
+    u32* lo = s.small;
+    u32* hi = s.small + LIST_BINS;
+    for (int b = threadIdx.x; b < 2 * LIST_BINS; b += SAMPLE_THREADS) s.small[b] = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+        const u64 e = s.list[j];
+        const float x = key_value((u32)(e >> 32));
+        if (x >= threshold)
+            hist_add<true>(lo, hi, (u32)e / c.per, fixed_weight(x, c.max, c.p.temperature));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 others = 0;
+        for (int r = 1; r < SAMPLE_CLUSTER; ++r) {
+            s.stage.kept[r] = s.acc[r] + hist_mass<true>(lo, hi, r);
+            others += s.acc[r];
+        }
+        s.stage.kept[0] = above - others + hist_mass<true>(lo, hi, 0);
+    }
+}
+
+// The largest key v such that the logits taking part in q with key >= v reach q.need (their
+// count, or their weight). The level-0 histogram of counts may already be decided (top-k). A
+// weighted selection also leaves each block's candidate mass (logits with key >= v) in s.d.kept.
+template <typename T, bool WEIGHTED>
+__device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Query q, bool decided) {
+    u32 prefix = 0, mask = 0;
+    u64 above = 0;
+    u64 acc = 0;  // weighted, rank != 0: this block's mass above the chosen bins
+    for (int level = 0; level < 3; ++level) {
+        const int shift = level == 0 ? 20 : level == 1 ? 8 : 0;
+        const int nbins = level == 2 ? 256 : SAMPLE_BINS;
+        if (level > 0 || !decided) {
+            build_histogram<T, WEIGHTED>(c, s, shift, nbins, prefix, mask, q);
+            merge_into_rank0<WEIGHTED>(s, nbins, c.rank);
+            cluster_sync();  // rank 0 holds the merged histogram
+            if (c.rank == 0) decide_level<T, WEIGHTED>(c, s, shift, nbins, prefix, above, q, level == 2);
+            cluster_sync();
+        }
+        const u32 bin = s.d.bin, try_list = s.d.try_list;
+        const u64 bin_mass = s.d.mass;
+        above = s.d.above;
+        q.need = s.d.need;
+        q.from_total = false;
+        if (c.rank != 0) {
+            if (WEIGHTED) acc += local_mass<true>(s, bin + (level == 2 ? 0 : 1), nbins);
+            __syncthreads();
+            clear_histogram(s);  // rank 0 cleared its own before deciding
+        }
+        __syncthreads();
+        prefix |= bin << shift;
+        mask |= (u32)(nbins - 1) << shift;
+        if (level == 2) {
+            // Every bit is chosen: the key is known, and so is every block's candidate mass
+            // (its mass above the key's bins, the key's own bin included).
+            if (WEIGHTED) {
+                if (c.rank != 0 && threadIdx.x == 0) store_remote(remote(&s.acc[c.rank], 0), acc);
+                cluster_sync();
+                if (c.rank == 0) {
+                    if (threadIdx.x == 0) {
+                        u64 others = 0;
+                        for (int r = 1; r < SAMPLE_CLUSTER; ++r) {
+                            s.stage.kept[r] = s.acc[r];
+                            others += s.acc[r];
+                        }
+                        s.stage.kept[0] = above + bin_mass - others;
+                    }
+                    publish(s);
+                }
+                cluster_sync();
+            }
+            return prefix;
+        }
+        if (try_list) {
+            if (WEIGHTED && c.rank != 0 && threadIdx.x == 0) store_remote(remote(&s.acc[c.rank], 0), acc);
+            const u32 pre = prefix, msk = mask, floor = q.floor;
+            const bool strict = q.strict;
+            gather_into_rank0(c, s, [=](u32 key) {
+                return (key & msk) == pre && (!strict || key > floor);
+            });
+            cluster_sync();  // the list is complete
+            if (c.rank == 0) {
+                const int n = (int)s.list_count;
+                if (n <= SAMPLE_LIST) {
+                    const u32 key =
+                        WEIGHTED ? list_select(s, n, q.need - above,
+                                               KeyWeights{c.max, c.p.temperature, false, 0})
+                                 : list_select(s, n, q.need - above, KeyCounts{});
+                    if (WEIGHTED) kept_from_list(c, s, n, above, key_value(key));
+                    if (threadIdx.x == 0) {
+                        s.stage.resolved = 1;
+                        s.stage.key = key;
+                    }
+                } else if (threadIdx.x == 0) {
+                    s.stage.resolved = 0;
+                }
+                __syncthreads();     // the list is read
+                clear_histogram(s);  // for the next level, or a later selection
+                publish(s);
+            }
+            cluster_sync();
+            if (s.d.resolved) return s.d.key;
+        }
+    }
+    return prefix;  // not reached: level 2 returns
+}
+
+// Rank 0, top-k on and every logit from the k-th one's bin up in its list: the whole selection
+// and the draw, in shared memory.
+template <typename T>
+__device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u32* out) {
+    const int n = (int)s.list_count;
+    const SampleParams& p = c.p;
+    const float mx = c.max, temp = p.temperature;
+    const u32 k_key = list_select(s, n, (u64)p.top_k, KeyCounts{});
+    // The list of exactly k entries: everything above the k-th value, then copies of it.
+    const u64 count_gt = list_sum(s, n, [&](u64 e) { return (u64)((u32)(e >> 32) > k_key); });
+    const u64 sum_gt = list_sum(s, n, [&](u64 e) {
+        const u32 k = (u32)(e >> 32);
+        return k > k_key ? fixed_weight(key_value(k), mx, temp) : 0ull;
+    });
+    const u64 total = sum_gt + ((u64)p.top_k - count_gt) * fixed_weight(key_value(k_key), mx, temp);
+    u32 key = k_key;
+    if (p.top_p < 1.f) {
+        const u64 need = top_p_need(p.top_p, total);
+        if (sum_gt >= need) key = list_select(s, n, need, KeyWeights{mx, temp, true, k_key});
+    }
+    const float threshold = key_value(key);
+    const IndexWeights candidates{mx, temp, threshold};
+    const u64 kept = list_sum(s, n, [&](u64 e) { return candidates.weight(e); });
+    if (kept == 0) return;  // nothing kept
+    // The first candidate in vocabulary order whose running weight exceeds target.
+    const u32 chosen = ~list_select(s, n, draw_target(kept, p) + 1, candidates);
+    if (threadIdx.x == 0) out[c.row_index] = chosen;
+}
+
+// The token, from every block's candidate mass (s.d.kept, the same in every block): the first
+// candidate in vocabulary order at which the running mass exceeds target. The block whose slice
+// holds it is found from the masses; that slice is cut into one piece per thread of the cluster,
+// a scan over the cluster finds the piece, and its thread walks it.
+template <typename T>
+__device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, u32* out) {
+    u64 total = 0;
+    for (int r = 0; r < SAMPLE_CLUSTER; ++r) total += s.d.kept[r];
+    if (total == 0) return;  // nothing kept
+    const u64 target = draw_target(total, c.p);
+    int owner = 0;
+    u64 before = 0;
+    while (target >= before + s.d.kept[owner]) before += s.d.kept[owner++];
+    const int ob = min(c.vocab, owner * c.per), oe = min(c.vocab, ob + c.per);
+    const int piece = (oe - ob + SAMPLE_CLUSTER * SAMPLE_THREADS - 1) / (SAMPLE_CLUSTER * SAMPLE_THREADS);
+    const int lb = min(oe, ob + (int)(c.rank * SAMPLE_THREADS + threadIdx.x) * piece);
+    const int le = min(oe, lb + piece);
+    const float mx = c.max, temp = c.p.temperature;
+    u64 mine = 0;
+    for (int i = lb; i < le; ++i) {
+        const float x = load_logit(c.row, i);
+        if (x >= threshold) mine += fixed_weight(x, mx, temp);
+    }
+    u64 block_total;
+    u64 run = before + block_exclusive_scan(mine, block_total, s);
+    if (threadIdx.x < SAMPLE_CLUSTER) store_remote(remote(&s.part[c.rank], threadIdx.x), block_total);
+    cluster_sync();
+    for (int r = 0; r < (int)c.rank; ++r) run += s.part[r];
+    if (target < run || target >= run + mine) return;
+    // Running weight only grows at candidates, so the first index past target is one.
+    for (int i = lb; i < le; ++i) {
+        const float x = load_logit(c.row, i);
+        if (x >= threshold) {
+            run += fixed_weight(x, mx, temp);
+            if (run > target) {
+                out[c.row_index] = (u32)i;
+                return;
+            }
+        }
+    }
+}
+
+// Greedy: the largest (key << 32 | ~index) over logits above -inf, which is the first index of
+// the largest logit; index 0 when there is none, as on the CPU.
+template <typename T>
+__device__ void argmax(const Ctx<T>& c, SampleShared& s, u32* out) {
+    u64 best = 0;
+    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
+        if (ok && x > neg_inf()) best = max(best, ((u64)order_key(x) << 32) | (u32)~i);
+    });
+    best = block_max_u64(best, s);
+    cluster_wait();  // every block of the cluster has started
+    if (threadIdx.x == 0) store_remote(remote(&s.best[c.rank], 0), best);
+    cluster_sync();
+    if (c.rank == 0 && threadIdx.x == 0) {
+        for (int r = 0; r < SAMPLE_CLUSTER; ++r) best = max(best, s.best[r]);
+        out[c.row_index] = best ? ~(u32)best : 0u;
+    }
 }
 
 template <typename T>
@@ -223,166 +828,94 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
                                            const SampleParams* __restrict__ params,
                                            u32* __restrict__ out) {
     __shared__ SampleShared s;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const T* row = logits + (size_t)blockIdx.x * vocab;
-    const SampleParams p = params[blockIdx.x];
+    Ctx<T> c;
+    c.row_index = cluster_index();
+    c.rank = cluster_rank();
+    c.row = logits + (size_t)c.row_index * vocab;
+    c.vocab = vocab;
+    c.per = ((vocab + SAMPLE_CLUSTER - 1) / SAMPLE_CLUSTER + 15) / 16 * 16;
+    c.begin = min(vocab, (int)c.rank * c.per);
+    c.end = min(vocab, c.begin + c.per);
+    c.p = params[c.row_index];
+    c.max = 0.f;
 
-    if (p.temperature == 0.f) {
-        // Argmax; each thread sees increasing indices, so a strict > keeps the first maximum.
-        float best = neg_inf();
-        int idx = 0x7fffffff;
-        for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
-            const float x = load_logit(row, i);
-            if (x > best) {
-                best = x;
-                idx = i;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(FULL_MASK, best, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, idx, o);
-            if (ob > best || (ob == best && oi < idx)) {
-                best = ob;
-                idx = oi;
-            }
-        }
-        if (lane == 0) {
-            s.fval[warp] = best;
-            s.fidx[warp] = idx;
-        }
-        __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < SAMPLE_WARPS; ++w) {
-                if (s.fval[w] > best || (s.fval[w] == best && s.fidx[w] < idx)) {
-                    best = s.fval[w];
-                    idx = s.fidx[w];
-                }
-            }
-            out[blockIdx.x] = idx == 0x7fffffff ? 0u : (u32)idx;  // all -inf: index 0, as the CPU
-        }
+    if (c.p.temperature == 0.f) {
+        cluster_arrive();  // waited for before the first access to another block's shared memory
+        argmax(c, s, out);
         return;
     }
+    clear_histogram(s);
+    __syncthreads();
+    cluster_arrive();  // as above; rank 0's histogram is clear before any block adds to it
+    const bool top_k_on = c.p.top_k > 0 && c.p.top_k < vocab;
+    const bool top_p_on = c.p.top_p < 1.f;
 
-    // Maximum (NaN ignored, as f32::max does).
+    // Pass 1: the maximum, and with top-k a histogram of counts of the keys' top 12 bits.
     float mx = neg_inf();
-    for_each_logit(row, 0, vocab, tid, SAMPLE_THREADS, [&](int, float x) { mx = fmaxf(mx, x); });
-    mx = warp_max(mx);
-    if (lane == 0) s.fval[warp] = mx;
-    __syncthreads();
-    for (int w = 0; w < SAMPLE_WARPS; ++w) mx = fmaxf(mx, s.fval[w]);
-    const float temp = p.temperature;
+    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        if (ok) mx = fmaxf(mx, x);
+        if (top_k_on) warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
+    });
+    mx = block_max(mx, s);
+    cluster_wait();
+    if (threadIdx.x < SAMPLE_CLUSTER) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
+    if (top_k_on) merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
+    cluster_sync();
+    for (int r = 0; r < SAMPLE_CLUSTER; ++r) mx = fmaxf(mx, s.maxes[r]);
+    c.max = mx;
 
-    const bool top_k_on = p.top_k > 0 && p.top_k < vocab;
-    const bool top_p_on = p.top_p < 1.f;
-    float threshold = neg_inf();
-    if (top_k_on || top_p_on) {
-        u32 k_key = 0;
-        u64 sum_gt = 0, total = 0;
-        if (top_k_on) {
-            k_key = radix_select<T, false>(row, vocab, (u64)p.top_k, false, 0, mx, temp, s);
-            // The list of exactly k entries: everything above the k-th value, then copies of it.
-            u64 cnt = 0, sum = 0;
-            for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
-                const float x = load_logit(row, i);
-                if (order_key(x) > k_key) {
-                    cnt += 1;
-                    sum += fixed_weight(x, mx, temp);
-                }
-            }
-            const u64 cnt_gt = block_sum_u64(cnt, s);
-            sum_gt = block_sum_u64(sum, s);
-            total = sum_gt + ((u64)p.top_k - cnt_gt) * fixed_weight(key_value(k_key), mx, temp);
-        } else {
-            u64 sum = 0;
-            for (int i = tid; i < vocab; i += SAMPLE_THREADS)
-                sum += fixed_weight(load_logit(row, i), mx, temp);
-            total = block_sum_u64(sum, s);
+    if (top_k_on) {
+        const u64 k = (u64)c.p.top_k;
+        if (c.rank == 0)
+            decide_level<T, false>(c, s, 20, SAMPLE_BINS, 0, 0, Query{false, 0, k, false}, false);
+        cluster_sync();
+        if (s.d.above + s.d.mass <= SAMPLE_LIST) {
+            const u32 low = s.d.bin << 20;
+            gather_into_rank0(c, s, [=](u32 key) { return key >= low; });
+            cluster_sync();
+            if (c.rank == 0) finish_in_list(c, s, out);
+            return;
         }
-        u32 key = k_key;
+        const u32 k_key = cluster_select<T, false>(c, s, Query{false, 0, k, false}, true);
+        slice_sums(c, s, k_key);
+        cluster_sync();
+        u64 count_gt = 0, sum_gt = 0;
+        for (int r = 0; r < SAMPLE_CLUSTER; ++r) {
+            count_gt += s.sums[0][r];
+            sum_gt += s.sums[1][r];
+        }
+        const u64 w_k = fixed_weight(key_value(k_key), mx, c.p.temperature);
+        const u64 total = sum_gt + (k - count_gt) * w_k;
         if (top_p_on) {
-            double need_f = ceil((double)p.top_p * (double)total);
-            const u64 need = need_f < 1.0 ? 1ull : (u64)need_f;
-            if (!top_k_on)
-                key = radix_select<T, true>(row, vocab, need, false, 0, mx, temp, s);
-            else if (sum_gt >= need)
-                key = radix_select<T, true>(row, vocab, need, true, k_key, mx, temp, s);
+            const u64 need = top_p_need(c.p.top_p, total);
+            if (sum_gt >= need) {
+                const u32 key = cluster_select<T, true>(c, s, Query{true, k_key, need, false}, false);
+                draw(c, s, key_value(key), out);
+                return;
+            }
         }
-        threshold = key_value(key);
+        // Candidates: the logits above the k-th key, and those at it.
+        if (threadIdx.x < SAMPLE_CLUSTER) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x] + s.sums[2][threadIdx.x] * w_k;
+        __syncthreads();
+        draw(c, s, key_value(k_key), out);
+    } else if (top_p_on) {
+        const u32 key = cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
+        draw(c, s, key_value(key), out);
+    } else {
+        slice_sums(c, s, 0);  // key 0 is a NaN's: every other logit counts
+        cluster_sync();
+        if (threadIdx.x < SAMPLE_CLUSTER) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x];
+        __syncthreads();
+        draw(c, s, neg_inf(), out);
     }
-
-    // The draw. Each warp owns a contiguous range of the vocabulary (a multiple of 256 logits,
-    // so that its lanes' 16-byte loads are aligned); warp totals in warp order are then prefix
-    // sums in vocabulary order.
-    const int per_warp = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 255) / 256 * 256;
-    const int begin = min(vocab, warp * per_warp), end = min(vocab, begin + per_warp);
-    u64 local = 0;
-    for_each_logit(row, begin, end, lane, 32, [&](int, float x) {
-        if (x >= threshold) local += fixed_weight(x, mx, temp);
-    });
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(FULL_MASK, local, o);
-    __syncthreads();  // s.scan may still be read by the last block_sum_u64
-    if (lane == 0) s.scan[warp] = local;
-    __syncthreads();
-    u64 kept = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) kept += s.scan[w];
-    const u64 bits = splitmix64(p.seed ^ splitmix64(p.step)) >> 40;  // 24 random bits
-    // target = floor(kept * u), u = bits / 2^24, computed exactly in 128 bits.
-    const u64 lo = kept * bits, hi = __umul64hi(kept, bits);
-    const u64 target = (hi << 40) | (lo >> 24);
-    // Exactly one warp's range holds the first candidate whose running weight exceeds target
-    // (the same answer in every thread).
-    int owner = -1;
-    u64 before = 0;
-    for (int w = 0; w < SAMPLE_WARPS && owner < 0; ++w) {
-        if (target < before + s.scan[w])
-            owner = w;
-        else
-            before += s.scan[w];
-    }
-    if (owner < 0) return;  // nothing kept
-    // The whole block searches that range rather than one warp: each thread sums its own
-    // contiguous piece of a few logits, a scan over the block picks the one thread whose piece
-    // holds target, and that thread walks its piece in order. (A warp doing this alone walked
-    // 150 logits per lane, twice, each with a precise expf and a division: a third of the time
-    // of a row.)
-    const int ob = min(vocab, owner * per_warp), oe = min(vocab, ob + per_warp);
-    const int piece = (per_warp + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int lb = min(oe, ob + tid * piece), le = min(oe, lb + piece);
-    u64 mine = 0;
-    for_each_logit(row, lb, le, 0, 1, [&](int, float x) {
-        if (x >= threshold) mine += fixed_weight(x, mx, temp);
-    });
-    u64 incl = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += t;
-    }
-    __syncthreads();  // every thread has read s.scan above
-    if (lane == 31) s.scan[warp] = incl;
-    __syncthreads();
-    u64 run = before + incl - mine;
-    for (int w = 0; w < warp; ++w) run += s.scan[w];
-    if (target < run || target >= run + mine) return;
-    // Running weight only grows at candidates, so the first index past target is one.
-    int chosen = -1;
-    for_each_logit(row, lb, le, 0, 1, [&](int i, float x) {
-        if (chosen < 0 && x >= threshold) {
-            run += fixed_weight(x, mx, temp);
-            if (run > target) chosen = i;
-        }
-    });
-    out[blockIdx.x] = (u32)chosen;
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS, 1024 / SAMPLE_THREADS)
     sample_f32(const float* logits, int vocab, const SampleParams* params, u32* out) {
     sample_row<float>(logits, vocab, params, out);
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS, 1024 / SAMPLE_THREADS)
     sample_bf16(const bf16* logits, int vocab, const SampleParams* params, u32* out) {
     sample_row<bf16>(logits, vocab, params, out);
 }
