@@ -15,7 +15,7 @@ use criterion::{Criterion, Throughput};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, Fp8Cache, HostPageTable};
 use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention_on};
-use kernels::sampling::{SampleParams, sample};
+use kernels::sampling::{SampleParams, rows_at_once, sample};
 use kernels::{CudaSlice, Gpu, bf16};
 
 const HQ: usize = 16;
@@ -253,18 +253,13 @@ fn main() {
         let indptr = gpu.upload(&indptr).unwrap();
         let mut out = gpu.zeros::<bf16>(seqs * len * HQ * D).unwrap();
         let flops = 4.0 * (seqs * HQ * D) as f64 * (len * (len + 1) / 2) as f64;
-        for kernel in [
-            PrefillKernel::Mma,
-            PrefillKernel::Wgmma,
-            PrefillKernel::WgmmaSmall,
-        ] {
+        for kernel in [PrefillKernel::Mma, PrefillKernel::Wgmma] {
             if !kernel.runs(&gpu, &s.inputs()) {
                 continue;
             }
             let tag = match kernel {
                 PrefillKernel::Mma => "mma",
                 PrefillKernel::Wgmma => "wgmma",
-                PrefillKernel::WgmmaSmall => "wgmma-small",
             };
             let name = format!("prefill {seqs}x{len} page{page} {tag}");
             let mut run = || {
@@ -310,6 +305,10 @@ fn main() {
         .flat_map(|r| model_rows[r % model_rows.len()].logits.iter().copied())
         .collect();
     let mut out = gpu.zeros::<u32>(rows).unwrap();
+    summary.push(format!(
+        "sample: {} rows of f32 logits at once on this device",
+        rows_at_once::<f32>(&gpu).unwrap()
+    ));
     for (kind, logits) in [
         ("fill*8", fill8),
         ("flat", rng.normals(rows * 151_936, 1.0)),

@@ -38,8 +38,6 @@ pub enum PrefillKernel {
     /// The same on Hopper's warpgroup MMAs (sm_90a, head_dim 128, bf16 cache): 128 rows a
     /// block, KV tiles of 128 slots, one block a multiprocessor.
     Wgmma,
-    /// The Hopper kernel in blocks of 64 rows and KV tiles of 64 slots, two a multiprocessor.
-    WgmmaSmall,
 }
 
 impl PrefillKernel {
@@ -56,7 +54,7 @@ impl PrefillKernel {
     pub fn runs<C: CacheRead>(self, gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> bool {
         match self {
             Self::Mma => true,
-            Self::Wgmma | Self::WgmmaSmall => {
+            Self::Wgmma => {
                 gpu.arch().is_hopper()
                     && inputs.cache.head_dim == 128
                     && inputs.k_cache.fp8_scale().is_none()
@@ -67,7 +65,7 @@ impl PrefillKernel {
     /// Rows (query, head) per block, as in the kernel.
     fn block_rows(self) -> usize {
         match self {
-            Self::Mma | Self::WgmmaSmall => 64,
+            Self::Mma => 64,
             Self::Wgmma => 128,
         }
     }
@@ -77,7 +75,6 @@ impl PrefillKernel {
         match self {
             Self::Mma => None,
             Self::Wgmma => Some((2, 128)),
-            Self::WgmmaSmall => Some((1, 64)),
         }
     }
 }
@@ -151,7 +148,6 @@ pub fn prefill_attention_on<C: CacheRead>(
     check::aligned(K, "output", out_ptr)?;
     let name = match (kernel, d, fp8) {
         (PrefillKernel::Wgmma, _, _) => "prefill_attention_hopper_d128",
-        (PrefillKernel::WgmmaSmall, _, _) => "prefill_attention_hopper_d128_small",
         (_, 32, false) => "prefill_attention_d32",
         (_, 64, false) => "prefill_attention_d64",
         (_, _, false) => "prefill_attention_d128",
@@ -161,7 +157,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     };
     let source = match kernel {
         PrefillKernel::Mma => Source::PrefillAttention,
-        _ => Source::PrefillHopper,
+        PrefillKernel::Wgmma => Source::PrefillHopper,
     };
     let f = gpu.function(source, name)?;
     let ptrs = [

@@ -74,6 +74,21 @@ pub fn launch_shape(arch: Arch) -> (u32, u32) {
     if arch.major >= 9 { (8, 256) } else { (1, 1024) }
 }
 
+/// How many rows of `T` logits the device samples at once: the clusters (one a row) that fit
+/// on it together, as the driver computes it. A batch with more rows runs in several waves.
+pub fn rows_at_once<T: Logit>(gpu: &Gpu) -> Result<u32> {
+    let f = gpu.function(Source::Sampling, T::KERNEL)?;
+    let (blocks, threads) = launch_shape(gpu.arch());
+    if blocks == 1 {
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .during("sample occupancy")?;
+        return Ok(per_sm * gpu.num_sms() as u32);
+    }
+    f.occupancy_max_active_clusters(grid((blocks, 1, 1), threads), gpu.stream())
+        .during("sample occupancy")
+}
+
 /// `logits: [rows, vocab]`, `params: SampleParams[rows]` -> `out: u32[rows]`.
 pub fn sample<T: Logit>(
     gpu: &Gpu,

@@ -217,29 +217,25 @@ fn prefill_over<C: CacheRead>(
         indptr: q_indptr.as_view(),
         max_len: *p.q_lens.iter().max().unwrap(),
     };
-    [
-        PrefillKernel::Mma,
-        PrefillKernel::Wgmma,
-        PrefillKernel::WgmmaSmall,
-    ]
-    .into_iter()
-    .filter(|k| k.runs(gpu, &inputs))
-    .map(|kernel| {
-        let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
-        let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-        prefill_attention_on(
-            gpu,
-            kernel,
-            &inputs,
-            &queries,
-            causal,
-            &mut out,
-            Some(&mut lse),
-        )
-        .unwrap();
-        (kernel, download(gpu, &out, &lse))
-    })
-    .collect()
+    [PrefillKernel::Mma, PrefillKernel::Wgmma]
+        .into_iter()
+        .filter(|k| k.runs(gpu, &inputs))
+        .map(|kernel| {
+            let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+            let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+            prefill_attention_on(
+                gpu,
+                kernel,
+                &inputs,
+                &queries,
+                causal,
+                &mut out,
+                Some(&mut lse),
+            )
+            .unwrap();
+            (kernel, download(gpu, &out, &lse))
+        })
+        .collect()
 }
 
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {

@@ -30,8 +30,9 @@
 
 #define HOP_D 128
 
-// A block's shape: WGS warpgroups of 64 rows, KV tiles of N slots. Two shapes are built: 2 x 128
-// (one block an SM, 256 threads) and 1 x 64 (two blocks an SM, 128 threads each).
+// A block's shape: WGS warpgroups of 64 rows, KV tiles of N slots. The kernel is built as 2 x 128
+// (one block an SM, 256 threads); 1 x 64 (two blocks an SM, each on its own barrier) was
+// measured too and was slower or equal on every shape of the bench (docs/benchmarks/LOG.md).
 template <int WGS, int N>
 struct HopperShape {
     static constexpr int M = 64 * WGS;
@@ -83,14 +84,12 @@ struct Flag {
 // 64-column block of the swizzled tiles. `q_addr` points at the warpgroup's first row.
 template <int M, int N>
 __device__ __forceinline__ void issue_scores(float (&sc)[N / 2], u32 q_addr, u32 k_addr) {
+    static_assert(N == 128, "the score product is one m64n128 wgmma chain");
 #pragma unroll
     for (int kk = 0; kk < HOP_D / 16; ++kk) {
         const u64 a = smem_descriptor(q_addr + (kk >> 2) * (M * 128) + (kk & 3) * 32);
         const u64 b = smem_descriptor(k_addr + (kk >> 2) * (N * 128) + (kk & 3) * 32);
-        if constexpr (N == 128)
-            wgmma_m64n128k16_ss(sc, a, b, kk > 0);
-        else
-            wgmma_m64n64k16_ss(sc, a, b, kk > 0);
+        wgmma_m64n128k16_ss(sc, a, b, kk > 0);
     }
     wgmma_commit();
 }
@@ -392,15 +391,4 @@ extern "C" __global__ void __launch_bounds__(256, 1) prefill_attention_hopper_d1
     prefill_hopper<2, 128>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids, kv_page_lens,
                            out, lse, num_q_heads, num_kv_heads, page_size, page_shift, num_pages,
                            sm_scale, causal);
-}
-
-// Two blocks an SM: 64 rows, 64-slot tiles, each block on its own barrier.
-extern "C" __global__ void __launch_bounds__(128, 2) prefill_attention_hopper_d128_small(
-    const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* q_indptr,
-    const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out, float* lse,
-    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
-    float sm_scale, int causal) {
-    prefill_hopper<1, 64>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids, kv_page_lens,
-                          out, lse, num_q_heads, num_kv_heads, page_size, page_shift, num_pages,
-                          sm_scale, causal);
 }
