@@ -627,8 +627,6 @@ class Bench:
             self.prebuild()
         except Exception as e:  # the lazy path builds what is needed anyway
             log(f"building ahead failed: {type(e).__name__}: {e}")
-        if args.build_only:
-            return 0
         for section in args.only:
             try:
                 getattr(self, f"run_{section}")()
@@ -688,9 +686,6 @@ def main():
     )
     ap.add_argument("--kv-layout", choices=("NHD", "HND"), default="NHD",
                     help="FlashInfer's K/V page layout (default NHD)")
-    ap.add_argument("--build-only", action="store_true",
-                    help="compile the FlashInfer modules the sections use, time nothing (a later "
-                    "run then starts measuring at once)")
     args = ap.parse_args()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
