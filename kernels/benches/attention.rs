@@ -129,6 +129,26 @@ extern "C" __global__ void read_all(const uint4* __restrict__ p, unsigned long l
     bytes as f64 / secs
 }
 
+/// Runs `run` under criterion in `group` (its report, with `throughput`), then times it for the
+/// summary table; seconds per call.
+fn criterion_then_time(
+    c: &mut Criterion,
+    gpu: &Gpu,
+    group: &str,
+    name: &str,
+    throughput: Throughput,
+    run: &mut impl FnMut(),
+) -> f64 {
+    let mut group = c.benchmark_group(group);
+    group.throughput(throughput);
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| device_time(gpu, iters, run))
+    });
+    group.finish();
+    gpu.synchronize().unwrap();
+    time(gpu, run)
+}
+
 fn main() {
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -159,14 +179,14 @@ fn main() {
         let bytes = (2 * batch * len * HKV * D * 2) as u64;
         let name = format!("decode b{batch} ctx{len} page{page}");
         let mut run = || decode_attention(&gpu, &s.inputs(), &mut ws, &mut out, None).unwrap();
-        let mut group = c.benchmark_group("decode");
-        group.throughput(Throughput::Bytes(bytes));
-        group.bench_function(&name, |b| {
-            b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
-        });
-        group.finish();
-        gpu.synchronize().unwrap();
-        let secs = time(&gpu, &mut run);
+        let secs = criterion_then_time(
+            &mut c,
+            &gpu,
+            "decode",
+            &name,
+            Throughput::Bytes(bytes),
+            &mut run,
+        );
         summary.push(format!(
             "{name:<40} {:>9.1} us {:>8.0} GB/s",
             secs * 1e6,
@@ -270,14 +290,8 @@ fn main() {
                 prefill_attention_on(&gpu, kernel, &s.inputs(), &queries, true, &mut out, None)
                     .unwrap()
             };
-            let mut group = c.benchmark_group("prefill");
-            group.throughput(Throughput::Elements(flops as u64));
-            group.bench_function(&name, |b| {
-                b.iter_custom(|iters| device_time(&gpu, iters, &mut run))
-            });
-            group.finish();
-            gpu.synchronize().unwrap();
-            let secs = time(&gpu, &mut run);
+            let throughput = Throughput::Elements(flops as u64);
+            let secs = criterion_then_time(&mut c, &gpu, "prefill", &name, throughput, &mut run);
             summary.push(format!(
                 "{name:<40} {:>9.1} us {:>8.1} TFLOP/s",
                 secs * 1e6,

@@ -88,3 +88,22 @@ __device__ __forceinline__ int sequence_kv_len(const int* page_lens, int num_ent
     for (int w = 0; w < warps; ++w) kv_len += scratch[w];
     return kv_len;
 }
+
+// One sequence's entries of the page table and its total KV tokens (which place its queries at
+// the end). Every thread of the block calls it; `scratch` holds one int per warp.
+struct SequencePages {
+    const int* page_ids;
+    const int* page_lens;
+    int num_entries;
+    int kv_len;
+};
+
+__device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
+                                                        const int* kv_page_ids,
+                                                        const int* kv_page_lens, int seq,
+                                                        int page_size, int* scratch) {
+    const int e0 = kv_indptr[seq];
+    SequencePages p{kv_page_ids + e0, kv_page_lens + e0, kv_indptr[seq + 1] - e0, 0};
+    p.kv_len = sequence_kv_len(p.page_lens, p.num_entries, page_size, scratch);
+    return p;
+}

@@ -77,12 +77,11 @@ __device__ __forceinline__ void prefill_attention(
     if (row0 >= rows) return;  // this sequence has fewer query tiles than the longest one
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int e0 = kv_indptr[seq];
-    const int num_entries = kv_indptr[seq + 1] - e0;
-    const int* page_ids = kv_page_ids + e0;
-    const int* page_lens = kv_page_lens + e0;
-
-    const int kv_len = sequence_kv_len(page_lens, num_entries, page_size, s.reduce);
+    const SequencePages sp =
+        sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, s.reduce);
+    const int* page_ids = sp.page_ids;
+    const int* page_lens = sp.page_lens;
+    const int num_entries = sp.num_entries, kv_len = sp.kv_len;
 
     // The two rows this thread accumulates: r_a = 16 warp + lane/4 and r_a + 8.
     const int big_int = 0x7fffffff;

@@ -300,11 +300,11 @@ __device__ __forceinline__ void prefill_hopper(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;  // warpgroup: rows 64 wg ..
-    const int e0 = kv_indptr[seq];
-    const int num_entries = kv_indptr[seq + 1] - e0;
-    const int* page_ids = kv_page_ids + e0;
-    const int* page_lens = kv_page_lens + e0;
-    const int kv_len = sequence_kv_len(page_lens, num_entries, page_size, s.reduce);
+    const SequencePages sp =
+        sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, s.reduce);
+    const int* page_ids = sp.page_ids;
+    const int* page_lens = sp.page_lens;
+    const int num_entries = sp.num_entries, kv_len = sp.kv_len;
 
     // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
     const int big_int = 0x7fffffff;
