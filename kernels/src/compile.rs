@@ -27,7 +27,7 @@ impl Arch {
     /// whose machine code runs on that generation only and which alone has the warpgroup
     /// instructions (`wgmma`) of `prefill_hopper.cu`; elsewhere the portable `sm_XY`.
     pub fn target(&self) -> String {
-        if (self.major, self.minor) == (9, 0) {
+        if self.is_hopper() {
             "sm_90a".to_string()
         } else {
             self.to_string()

@@ -119,11 +119,13 @@ impl Gpu {
         self.ctx.mem_get_info().during("reading the memory size")
     }
 
-    /// Compiles (or loads from the cache) and loads every kernel module now, so that the first
-    /// forward step does not pay for it.
+    /// Compiles (or loads from the cache) and loads every kernel module this device runs now,
+    /// so that the first forward step does not pay for it.
     pub fn preload(&self) -> Result<()> {
         for source in Source::ALL {
-            self.module(source)?;
+            if !source.hopper_only() || self.arch.is_hopper() {
+                self.module(source)?;
+            }
         }
         Ok(())
     }
@@ -226,6 +228,12 @@ impl Gpu {
     }
 
     pub(crate) fn module(&self, source: Source) -> Result<&Arc<CudaModule>> {
+        if source.hopper_only() && !self.arch.is_hopper() {
+            return Err(crate::check::invalid(
+                source.file(),
+                format!("needs a Hopper GPU (sm_90), this one is {}", self.arch),
+            ));
+        }
         let slot = &self.modules[source.index()];
         if let Some(module) = slot.get() {
             return Ok(module);

@@ -7,7 +7,8 @@
 //!
 //! Split-KV attention (FlashDecoding's idea, for a few queries over a long KV): the KV is cut
 //! into pieces attended at once, each piece by its own blocks, and [`merge_pieces_into`] folds
-//! the pieces' states back together in a tree of [`merge_state`] calls, log2(pieces) launches.
+//! the pieces' states back together in a tree of [`merge_state`] calls (log2(pieces) launches)
+//! and one merge into the destination rows.
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;

@@ -6,8 +6,8 @@
 //! algorithm with its products on warpgroup MMAs (FlashAttention-3's route), 128 rows a block.
 //! [`PrefillKernel`] names the two; [`prefill_attention`] picks the best the device has.
 //!
-//! The same kernel without the causal mask, writing the log-sum-exp, is the shared-prefix half
-//! of cascade attention (see [`crate::merge`]).
+//! Without the causal mask, writing the log-sum-exp, either kernel is the shared-prefix half of
+//! cascade attention and attends the pieces of split-KV (see [`crate::merge`]).
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaView, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -70,7 +70,7 @@ impl PrefillKernel {
         }
     }
 
-    /// The Hopper kernels' (warpgroups a block, KV slots a tile).
+    /// The Hopper kernel's (warpgroups a block, KV slots a tile).
     fn hopper_shape(self) -> Option<(usize, usize)> {
         match self {
             Self::Mma => None,

@@ -90,7 +90,7 @@ __device__ __forceinline__ int sequence_kv_len(const int* page_lens, int num_ent
 }
 
 // One sequence's entries of the page table and its total KV tokens (which place its queries at
-// the end). Every thread of the block calls it; `scratch` holds one int per warp.
+// the end).
 struct SequencePages {
     const int* page_ids;
     const int* page_lens;
@@ -98,6 +98,8 @@ struct SequencePages {
     int kv_len;
 };
 
+// The pages of sequence `seq`. Every thread of the block calls it; `scratch` holds one int per
+// warp.
 __device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
                                                         const int* kv_page_ids,
                                                         const int* kv_page_lens, int seq,

@@ -32,8 +32,9 @@ pub struct KvSplit {
 
 impl KvSplit {
     /// Pieces for `queries` query tokens over `tokens` unmasked tokens: enough blocks (of 64
-    /// rows) for two per multiprocessor, no piece under `min_tokens`, at most [`MAX_PIECES`]; a
-    /// power of two, for the tree that merges them.
+    /// rows, the `mma.sync` kernel's; the Hopper kernel's are 128, one a multiprocessor, which
+    /// this count fills once) for two per multiprocessor, no piece under `min_tokens`, at most
+    /// [`MAX_PIECES`]; a power of two, for the tree that merges them.
     pub fn pieces(&self, queries: usize, tokens: usize) -> usize {
         let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
         let wanted = (2 * self.num_sms)
