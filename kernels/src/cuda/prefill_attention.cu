@@ -99,8 +99,8 @@ __device__ __forceinline__ void prefill_attention(
     SlotWalker walker{0};
     const int num_tiles = count_tiles<BN>(num_entries, page_size);
     if (tid < BN && num_tiles > 0)
-        describe_tile<BN>(s.tab[0], 0, walker, page_ids, page_lens, num_entries, page_size, page_shift,
-                         num_pages, num_kv_heads, kv_head);
+        describe_tile<BN>(s.tab[0], 0, walker, page_ids, page_lens, num_entries, page_size,
+                          page_shift, num_pages, num_kv_heads, kv_head);
 
     // Stage the Q tile through the K buffer and keep it in registers as mma A fragments.
     constexpr int CHUNKS = D / 8;
@@ -133,8 +133,8 @@ __device__ __forceinline__ void prefill_attention(
     for (int j = 0; j < num_tiles; ++j) {
         const int b = j & 1;
         if (j + 1 < num_tiles && tid < BN)
-            describe_tile<BN>(s.tab[b ^ 1], j + 1, walker, page_ids, page_lens, num_entries, page_size,
-                             page_shift, num_pages, num_kv_heads, kv_head);
+            describe_tile<BN>(s.tab[b ^ 1], j + 1, walker, page_ids, page_lens, num_entries,
+                              page_size, page_shift, num_pages, num_kv_heads, kv_head);
         cp_async_wait_all();
         __syncthreads();
         if (s.tab[b].start > q_hi) break;  // causal: this tile and all later ones are future

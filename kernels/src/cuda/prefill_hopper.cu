@@ -3,8 +3,9 @@
 //
 // Why another kernel: mma.sync multiplies 16 x 8 tiles from registers, so every product first
 // copies its operands out of shared memory with ldmatrix; on an H100 the FA2 kernel reaches
-// about a sixth of the ~800 TFLOP/s cuBLAS gets from the tensor cores. wgmma multiplies a 64 x N tile whose B operand the tensor
-// cores read from shared memory themselves, asynchronously, for a whole warpgroup at once.
+// about a sixth of the ~800 TFLOP/s cuBLAS gets from the tensor cores. wgmma multiplies a 64 x N
+// tile whose B operand (and here A too) the tensor cores read from shared memory themselves,
+// asynchronously, for a whole warpgroup at once.
 //
 // Who does what
 //   grid = (query tiles, sequences, KV heads), heaviest causal tiles first; block = two
@@ -25,8 +26,9 @@
 //
 // One barrier per tile: it publishes tile j's copies (each thread waited for its own and
 // fenced them for the tensor cores) and proves every warp is done with the stages and slot
-// table that are then refilled (tile j-1's K, tile j-2's V). The same barrier tells whether tile j is "dense" (every
-// slot holds the next token), which with a tile wholly in every row's past skips the mask.
+// table that are then refilled (tile j-1's K, tile j-2's V). The same barrier tells whether
+// tile j is "dense" (every slot holds the next token), which with a tile wholly in every row's
+// past skips the mask.
 
 #define HOP_D 128
 
@@ -336,10 +338,11 @@ __device__ __forceinline__ void prefill_hopper(
     if (num_tiles > 0) hopper_load_kv<THREADS, N>(s.k[0], s.v[0], s.tab[0].row, k_cache, v_cache);
     cp_async_commit();
 
-    HopperWalk<WGS, N> w{s, k_cache, v_cache, page_ids, page_lens, num_entries, page_size, page_shift,
-                 num_pages, num_kv_heads, kv_head, num_tiles, {q_index[0], q_index[1]}, q_lo,
-                 q_hi, (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128, sm_scale * LOG2E,
-                 walker};
+    const u32 q_addr = (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128;
+    HopperWalk<WGS, N> w{s, k_cache, v_cache, page_ids, page_lens, num_entries, page_size,
+                         page_shift, num_pages, num_kv_heads, kv_head, num_tiles,
+                         {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E,
+                         walker};
 #pragma unroll
     for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
     w.m[0] = w.m[1] = neg_inf();
