@@ -109,3 +109,12 @@ __device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
     p.kv_len = sequence_kv_len(p.page_lens, p.num_entries, page_size, scratch);
     return p;
 }
+
+// The last KV index that block row `r` (query token r / group of the sequence's q_len) sees:
+// causally its own position after the sequence's kv_len - q_len earlier tokens, else every
+// token; -1 for a row past the last (`rows`), which then sees nothing.
+__device__ __forceinline__ int last_visible(int r, int rows, int group, int causal, int kv_len,
+                                            int q_len) {
+    if (r >= rows) return -1;
+    return causal ? kv_len - q_len + r / group : 0x7fffffff;
+}

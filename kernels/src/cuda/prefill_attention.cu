@@ -84,17 +84,16 @@ __device__ __forceinline__ void prefill_attention(
     const int num_entries = sp.num_entries, kv_len = sp.kv_len;
 
     // The two rows this thread accumulates: r_a = 16 warp + lane/4 and r_a + 8.
-    const int big_int = 0x7fffffff;
     int q_index[2];
     int q_token[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + warp * 16 + (lane >> 2) + 8 * h;
         q_token[h] = r < rows ? r / group : -1;
-        q_index[h] = r >= rows ? -1 : (causal ? kv_len - q_len + r / group : big_int);
+        q_index[h] = last_visible(r, rows, group, causal, kv_len, q_len);
     }
     const int last_row = min(rows, row0 + BM) - 1;
-    const int q_hi = causal ? kv_len - q_len + last_row / group : big_int;
+    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
 
     SlotWalker walker{0};
     const int num_tiles = count_tiles<BN>(num_entries, page_size);

@@ -303,18 +303,17 @@ __device__ __forceinline__ void prefill_hopper(
     const int num_entries = sp.num_entries, kv_len = sp.kv_len;
 
     // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
-    const int big_int = 0x7fffffff;
     const int my_row = wg * 64 + (warp & 3) * 16 + (lane >> 2);
     int q_index[2], q_token[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + my_row + 8 * h;
         q_token[h] = r < rows ? r / group : -1;
-        q_index[h] = r >= rows ? -1 : (causal ? kv_len - q_len + r / group : big_int);
+        q_index[h] = last_visible(r, rows, group, causal, kv_len, q_len);
     }
     const int last_row = min(rows, row0 + M) - 1;
-    const int q_hi = causal ? kv_len - q_len + last_row / group : big_int;
-    const int q_lo = causal ? kv_len - q_len + row0 / group : big_int;
+    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
+    const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
 
     // Q tile (zeros past the last row), then the first two slot tables and KV tile 0.
     for (int id = tid; id < M * (HOP_D / 8); id += THREADS) {
