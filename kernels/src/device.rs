@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
     DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
@@ -249,6 +250,17 @@ impl Gpu {
     }
 
     pub(crate) fn function(&self, source: Source, name: &'static str) -> Result<CudaFunction> {
+        self.function_with(source, name, 0)
+    }
+
+    /// [`Gpu::function`] for a kernel that asks for `shared_bytes` of dynamic shared memory
+    /// (above 48 KiB that needs the function's permission, given once when it is loaded).
+    pub(crate) fn function_with(
+        &self,
+        source: Source,
+        name: &'static str,
+        shared_bytes: usize,
+    ) -> Result<CudaFunction> {
         if let Some(f) = self.functions.lock().expect("not poisoned").get(name) {
             return Ok(f.clone());
         }
@@ -256,6 +268,15 @@ impl Gpu {
             .module(source)?
             .load_function(name)
             .during(format!("finding kernel {name}"))?;
+        if shared_bytes > 0 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes as i32,
+            )
+            .during(format!(
+                "allowing kernel {name} {shared_bytes} bytes of shared memory"
+            ))?;
+        }
         self.functions
             .lock()
             .expect("not poisoned")

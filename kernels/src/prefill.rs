@@ -9,7 +9,6 @@
 //! Without the causal mask, writing the log-sum-exp, either kernel is the shared-prefix half of
 //! cascade attention and attends the pieces of split-KV (see [`crate::merge`]).
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaView, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
@@ -159,7 +158,10 @@ pub fn prefill_attention_on<C: CacheRead>(
         PrefillKernel::Mma => Source::PrefillAttention,
         PrefillKernel::Wgmma => Source::PrefillHopper,
     };
-    let f = gpu.function(source, name)?;
+    let shared_bytes = kernel
+        .hopper_shape()
+        .map_or(0, |(wgs, n)| hopper_shared_bytes(wgs, n));
+    let f = gpu.function_with(source, name, shared_bytes)?;
     let ptrs = [
         gpu.ptr(&inputs.q),
         inputs.k_cache.address(gpu),
@@ -197,18 +199,10 @@ pub fn prefill_attention_on<C: CacheRead>(
     );
     let config = match kernel.hopper_shape() {
         None => grid(blocks, 128),
-        Some((wgs, n)) => {
-            let bytes = hopper_shared_bytes(wgs, n) as i32;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes,
-            )
-            .during(K)?;
-            LaunchConfig {
-                shared_mem_bytes: bytes as u32,
-                ..grid(blocks, 128 * wgs as u32)
-            }
-        }
+        Some((wgs, _)) => LaunchConfig {
+            shared_mem_bytes: shared_bytes as u32,
+            ..grid(blocks, 128 * wgs as u32)
+        },
     };
     unsafe { launch.launch(config) }.during(K)?;
     Ok(())
