@@ -261,6 +261,12 @@ fn decode_over<C: CacheRead>(
 }
 
 /// An attention call's output and log-sum-exp, widened.
+/// Attention output within bf16's error of the reference, and its log-sum-exp within 1e-3.
+fn assert_attention(name: &str, (out, lse): (&[f64], &[f64]), (want, want_lse): (&[f64], &[f64])) {
+    assert_close(name, out, want, BF16_TOL);
+    assert_close(&format!("{name} lse"), lse, want_lse, 1e-3);
+}
+
 fn download(gpu: &Gpu, out: &CudaSlice<bf16>, lse: &CudaSlice<f32>) -> (Vec<f64>, Vec<f64>) {
     let out = wide(&gpu.download(out).unwrap());
     let lse = gpu
@@ -355,8 +361,7 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         let (want, want_lse) = p.reference(&p.seqs, causal);
         for (kernel, (out, lse)) in run_prefill(&gpu, &p, &dev, &p.seqs, causal) {
             let name = format!("prefill {kernel:?} d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
-            assert_close(&name, &out, &want, BF16_TOL);
-            assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+            assert_attention(&name, (&out, &lse), (&want, &want_lse));
         }
     }
 }
@@ -412,13 +417,8 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
                     panic!("an FP8 cache runs on the mma.sync kernel alone");
                 };
                 let (want, want_lse) = p.reference(&p.seqs, causal);
-                assert_close(
-                    &format!("{name} prefill causal={causal}"),
-                    out,
-                    &want,
-                    BF16_TOL,
-                );
-                assert_close(&format!("{name} prefill lse"), lse, &want_lse, 1e-3);
+                let case = format!("{name} prefill causal={causal}");
+                assert_attention(&case, (out, lse), (&want, &want_lse));
             }
             // Decode: one query a sequence, the first rows of q.
             let one_query = Problem {
@@ -435,8 +435,7 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
             };
             let (want, want_lse) = one_query.reference(&p.seqs, true);
             let (out, lse) = decode_over(&gpu, &p, codes(), &q, &p.seqs);
-            assert_close(&format!("{name} decode"), &out, &want, BF16_TOL);
-            assert_close(&format!("{name} decode lse"), &lse, &want_lse, 1e-3);
+            assert_attention(&format!("{name} decode"), (&out, &lse), (&want, &want_lse));
         }
     }
 }
@@ -464,8 +463,7 @@ fn decode_matches_reference_whole_and_in_pieces() {
                 let (want, want_lse) = p.reference(&p.seqs, true);
                 let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
                 let name = format!("decode d{d} group{} page{ps}", hq / hkv);
-                assert_close(&name, &out, &want, BF16_TOL);
-                assert_close(&format!("{name} lse"), &lse, &want_lse, 1e-3);
+                assert_attention(&name, (&out, &lse), (&want, &want_lse));
             }
         }
     }
@@ -506,8 +504,7 @@ fn decode_long_contexts_shared_out_among_all_blocks() {
     let dev = upload(&gpu, &p);
     let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
     let (want, want_lse) = p.reference(&p.seqs, true);
-    assert_close("decode long contexts", &out, &want, BF16_TOL);
-    assert_close("decode long contexts lse", &lse, &want_lse, 1e-3);
+    assert_attention("decode long contexts", (&out, &lse), (&want, &want_lse));
 }
 
 /// Cascade: the shared prefix is attended once for all queries (no mask), each sequence's own
@@ -609,16 +606,9 @@ fn cascade_partials_merged_equal_flat_attention() {
             lse: lse_b.as_view(),
         };
         merge_state(&gpu, &a, &b, &mut o, Some(&mut lse), total * hq, d).unwrap();
-        let out = wide(&gpu.download(&o).unwrap());
-        let out_lse: Vec<f64> = gpu
-            .download(&lse)
-            .unwrap()
-            .iter()
-            .map(|&x| x as f64)
-            .collect();
+        let (out, out_lse) = download(&gpu, &o, &lse);
         let name = format!("cascade d{d} page{ps} q_lens {q_lens:?}");
-        assert_close(&name, &out, &want, BF16_TOL);
-        assert_close(&format!("{name} lse"), &out_lse, &want_lse, 1e-3);
+        assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
 
         for (kernel, (flat_out, _)) in run_prefill(&gpu, &p, &dev, &flat, true) {
             assert_close(
@@ -826,8 +816,7 @@ fn split_kv_pieces_merged_equal_one_pass() {
             .unwrap();
             let (out, out_lse) = download(&gpu, &o, &lse);
             let name = format!("split-KV prefill {kernel:?} in {pieces} pieces");
-            assert_close(&name, &out, &want, BF16_TOL);
-            assert_close(&format!("{name} lse"), &out_lse, &want_lse, 1e-3);
+            assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
             assert_close(&format!("{name} vs one pass"), &out, one_out, BF16_TOL);
         }
     }
