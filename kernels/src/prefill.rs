@@ -69,21 +69,27 @@ impl PrefillKernel {
         }
     }
 
-    /// The Hopper kernel's (warpgroups a block, KV slots a tile).
-    fn hopper_shape(self) -> Option<(usize, usize)> {
+    /// Threads a block, as in the kernel.
+    fn block_threads(self) -> u32 {
         match self {
-            Self::Mma => None,
-            Self::Wgmma => Some((2, 128)),
+            Self::Mma => 128,
+            Self::Wgmma => 256,
         }
     }
-}
 
-/// Dynamic shared memory of a Hopper kernel of `wgs` warpgroups and `n`-slot tiles: Q (64 rows a
-/// warpgroup), two stages of K and three of V (head_dim 128, bf16), three slot tables and an int
-/// a warp, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
-fn hopper_shared_bytes(wgs: usize, n: usize) -> usize {
-    let row = 128 * 2;
-    64 * wgs * row + 5 * n * row + 3 * (2 * n + 1) * 4 + 4 * wgs * 4 + 1024
+    /// Dynamic shared memory a block: none for the `mma.sync` kernel (its arrays are static);
+    /// for the Hopper kernel Q (128 rows), two stages of K and three of V (128 slots, head_dim
+    /// 128, bf16), three slot tables and an int a warp, plus 1 KiB to align the tiles to the
+    /// swizzle's 1024 bytes.
+    fn shared_bytes(self) -> usize {
+        match self {
+            Self::Mma => 0,
+            Self::Wgmma => {
+                let tile = 128 * 128 * 2;
+                6 * tile + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024
+            }
+        }
+    }
 }
 
 /// Attention of every query row over its sequence's KV. With `causal`, the queries of a
@@ -158,10 +164,7 @@ pub fn prefill_attention_on<C: CacheRead>(
         PrefillKernel::Mma => Source::PrefillAttention,
         PrefillKernel::Wgmma => Source::PrefillHopper,
     };
-    let shared_bytes = kernel
-        .hopper_shape()
-        .map_or(0, |(wgs, n)| hopper_shared_bytes(wgs, n));
-    let f = gpu.function_with(source, name, shared_bytes)?;
+    let f = gpu.function_with(source, name, kernel.shared_bytes())?;
     let ptrs = [
         gpu.ptr(&inputs.q),
         inputs.k_cache.address(gpu),
@@ -197,12 +200,9 @@ pub fn prefill_attention_on<C: CacheRead>(
         num_seqs as u32,
         inputs.cache.num_kv_heads as u32,
     );
-    let config = match kernel.hopper_shape() {
-        None => grid(blocks, 128),
-        Some((wgs, _)) => LaunchConfig {
-            shared_mem_bytes: shared_bytes as u32,
-            ..grid(blocks, 128 * wgs as u32)
-        },
+    let config = LaunchConfig {
+        shared_mem_bytes: kernel.shared_bytes() as u32,
+        ..grid(blocks, kernel.block_threads())
     };
     unsafe { launch.launch(config) }.during(K)?;
     Ok(())

@@ -32,35 +32,31 @@
 
 #define HOP_D 128
 
-// A block's shape: WGS warpgroups of 64 rows, KV tiles of N slots. The kernel is built as 2 x 128
-// (one block an SM, 256 threads); 1 x 64 (two blocks an SM, each on its own barrier) was
-// measured too and was slower or equal on every shape of the bench (docs/benchmarks/LOG.md).
-template <int WGS, int N>
-struct HopperShape {
-    static constexpr int M = 64 * WGS;
-    static constexpr int THREADS = 128 * WGS;
-};
+// A block: two warpgroups of 64 rows, KV tiles of 128 slots, one block an SM. A block of one
+// warpgroup with 64-slot tiles, two blocks an SM, was measured too and was slower or equal on
+// every shape of the bench (docs/benchmarks/LOG.md).
+#define HOP_M 128
+#define HOP_N 128
+#define HOP_THREADS 256
 
-template <int WGS, int N>
 struct HopperShared {
-    bf16 q[64 * WGS * HOP_D];  // [2 column blocks][M rows][64], swizzled
-    bf16 k[2][N * HOP_D];
-    bf16 v[3][N * HOP_D];  // three stages: tile j's V is read during tile j + 1
-    SlotTable<N> tab[3];
-    int reduce[4 * WGS];
+    bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
+    bf16 k[2][HOP_N * HOP_D];
+    bf16 v[3][HOP_N * HOP_D];  // three stages: tile j's V is read during tile j + 1
+    SlotTable<HOP_N> tab[3];
+    int reduce[HOP_THREADS / 32];
 };
 
-// Starts the copy of one N-slot tile of K and of V into `k_dst` and `v_dst` (empty slots become
-// zeros). Thread t copies chunk t % 16 of rows t / 16 + (THREADS / 16) i: its swizzled column
-// is the same in every row it copies, so the loop is a few address increments.
-template <int THREADS, int N>
+// Starts the copy of one 128-slot tile of K and of V into `k_dst` and `v_dst` (empty slots
+// become zeros). Thread t copies chunk t % 16 of rows t / 16 + 16 i: its swizzled column is the
+// same in every row it copies, so the loop is 8 address increments.
 __device__ __forceinline__ void hopper_load_kv(bf16* k_dst, bf16* v_dst, const int* rows,
                                                const bf16* k_cache, const bf16* v_cache) {
-    constexpr int STEP = THREADS / 16;
+    constexpr int STEP = HOP_THREADS / 16;
     const int ch = threadIdx.x & 15, r0 = threadIdx.x >> 4;
-    const u32 first = swizzled_offset(r0, ch * 8, N);
+    const u32 first = swizzled_offset(r0, ch * 8, HOP_N);
 #pragma unroll
-    for (int i = 0; i < N / STEP; ++i) {
+    for (int i = 0; i < HOP_N / STEP; ++i) {
         const int row = rows[r0 + STEP * i];
         const size_t at = row >= 0 ? (size_t)row * HOP_D + ch * 8 : 0;
         const u32 to = first + i * STEP * 128;
@@ -78,13 +74,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // Issues S = Q K^T for this warpgroup's 64 rows: 8 steps of 16 along head_dim, 4 in each
 // 64-column block of the swizzled tiles. `q_addr` points at the warpgroup's first row.
-template <int M, int N>
-__device__ __forceinline__ void issue_scores(float (&sc)[N / 2], u32 q_addr, u32 k_addr) {
-    static_assert(N == 128, "the score product is one m64n128 wgmma chain");
+__device__ __forceinline__ void issue_scores(float (&sc)[HOP_N / 2], u32 q_addr, u32 k_addr) {
 #pragma unroll
     for (int kk = 0; kk < HOP_D / 16; ++kk) {
-        const u64 a = smem_descriptor(q_addr + (kk >> 2) * (M * 128) + (kk & 3) * 32);
-        const u64 b = smem_descriptor(k_addr + (kk >> 2) * (N * 128) + (kk & 3) * 32);
+        const u64 a = smem_descriptor(q_addr + (kk >> 2) * (HOP_M * 128) + (kk & 3) * 32);
+        const u64 b = smem_descriptor(k_addr + (kk >> 2) * (HOP_N * 128) + (kk & 3) * 32);
         wgmma_m64n128k16_ss(sc, a, b, kk > 0);
     }
     wgmma_commit();
@@ -92,13 +86,12 @@ __device__ __forceinline__ void issue_scores(float (&sc)[N / 2], u32 q_addr, u32
 
 // Issues O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major"), the two
 // 64-column halves of the output separately.
-template <int N>
 __device__ __forceinline__ void issue_pv(float (&o_lo)[32], float (&o_hi)[32],
-                                         const u32 (&pa)[N / 16][4], u32 v_addr) {
+                                         const u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
 #pragma unroll
-    for (int kk = 0; kk < N / 16; ++kk) {
+    for (int kk = 0; kk < HOP_N / 16; ++kk) {
         wgmma_m64n64k16_rs(o_lo, pa[kk], smem_descriptor(v_addr + kk * 16 * 128));
-        wgmma_m64n64k16_rs(o_hi, pa[kk], smem_descriptor(v_addr + N * 128 + kk * 16 * 128));
+        wgmma_m64n64k16_rs(o_hi, pa[kk], smem_descriptor(v_addr + HOP_N * 128 + kk * 16 * 128));
     }
     wgmma_commit();
 }
@@ -107,12 +100,12 @@ __device__ __forceinline__ void issue_pv(float (&o_lo)[32], float (&o_hi)[32],
 // the row's own. The accumulator holds (row r, slot 8 nt + 2 (lane % 4) + i) at 4 nt + 2 h + i,
 // h = 0 for this thread's first row and 1 for the row 8 below. A dense tile's slot c holds token
 // start + c; otherwise the slot table says.
-template <bool TABLE, int N>
-__device__ __forceinline__ void mask_scores(float (&sc)[N / 2], const int* logical, int start,
+template <bool TABLE>
+__device__ __forceinline__ void mask_scores(float (&sc)[HOP_N / 2], const int* logical, int start,
                                             const int (&q_index)[2]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) {
+    for (int nt = 0; nt < HOP_N / 8; ++nt) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int c = nt * 8 + (lane & 3) * 2 + i;
@@ -129,14 +122,13 @@ __device__ __forceinline__ void mask_scores(float (&sc)[N / 2], const int* logic
 // and returns each row's correction factor for what was accumulated before. The maximum is
 // taken over raw scores (sm_scale > 0 keeps their order), so each probability is one fused
 // multiply-add and one exp2; maxima and sums run in four independent chains a row.
-template <int N>
-__device__ __forceinline__ void online_softmax(float (&sc)[N / 2], float (&m)[2], float (&l)[2],
+__device__ __forceinline__ void online_softmax(float (&sc)[HOP_N / 2], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], float scale) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
 #pragma unroll
-        for (int nt = 0; nt < N / 8; ++nt)
+        for (int nt = 0; nt < HOP_N / 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 2; ++i)
                 mx[(nt & 1) * 2 + i] = fmaxf(mx[(nt & 1) * 2 + i], sc[4 * nt + 2 * h + i]);
@@ -148,7 +140,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[N / 2], float (&m)[2]
         alpha[h] = fast_exp2(m[h] - m_use);
         float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < N / 8; ++nt) {
+        for (int nt = 0; nt < HOP_N / 8; ++nt) {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const float p = fast_exp2(fmaf(sc[4 * nt + 2 * h + i], scale, -m_use));
@@ -169,11 +161,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[N / 2], float (&m)[2]
 // P of the tile before waits in registers. The first step has no P V to issue; it is a
 // separate instantiation so that neither has a branch around its wgmmas (ptxas serializes
 // wgmmas it cannot prove alone with their accumulators).
-template <int WGS, int N>
 struct HopperWalk {
-    static constexpr int M = HopperShape<WGS, N>::M;
-    static constexpr int THREADS = HopperShape<WGS, N>::THREADS;
-    HopperShared<WGS, N>& s;
+    HopperShared& s;
     const bf16* k_cache;
     const bf16* v_cache;
     const int* page_ids;
@@ -185,7 +174,7 @@ struct HopperWalk {
     float scale;     // sm_scale in log2 units
     SlotWalker walker;
     float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
-    u32 pa[N / 16][4];         // the previous tile's P
+    u32 pa[HOP_N / 16][4];         // the previous tile's P
     float m[2], l[2];
 
     // One tile: false when causality ends the walk before it.
@@ -195,26 +184,26 @@ struct HopperWalk {
         const int t = j % 3;
         cp_async_wait_all();
         fence_async_shared();
-        const int dense = __syncthreads_and(tid >= N ||
+        const int dense = __syncthreads_and(tid >= HOP_N ||
                                             s.tab[t].logical[tid] == s.tab[t].start + tid);
         if (s.tab[t].start > q_hi) return false;  // causal: this tile and all later are future
-        float sc[N / 2];
+        float sc[HOP_N / 2];
         fence_registers(sc);
         fence_registers(o_lo);
         fence_registers(o_hi);
         wgmma_fence();
-        issue_scores<M, N>(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
+        issue_scores(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
         if constexpr (!FIRST)
-            issue_pv<N>(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j + 2) % 3]));
+            issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j + 2) % 3]));
 
         // While the tensor cores multiply: the copies of tile j+1, the slot table of tile j+2
         // (whose reads of the page table would otherwise hold up the products' issue).
         if (j + 1 < num_tiles)
-            hopper_load_kv<THREADS, N>(s.k[(j + 1) & 1], s.v[(j + 1) % 3], s.tab[(j + 1) % 3].row,
+            hopper_load_kv(s.k[(j + 1) & 1], s.v[(j + 1) % 3], s.tab[(j + 1) % 3].row,
                                        k_cache, v_cache);
         cp_async_commit();
-        if (j + 2 < num_tiles && tid < N)
-            describe_tile<N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
+        if (j + 2 < num_tiles && tid < HOP_N)
+            describe_tile<HOP_N>(s.tab[(j + 2) % 3], j + 2, walker, page_ids, page_lens,
                                  num_entries, page_size, page_shift, num_pages, num_kv_heads,
                                  kv_head);
         wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
@@ -223,13 +212,13 @@ struct HopperWalk {
         // Mask, then the online softmax. Most tiles need no mask: every slot holds the next
         // token ("dense") and every row of the block sees all of them.
         const int start = s.tab[t].start;
-        const bool seen_by_all = dense && start + N - 1 <= q_lo;
+        const bool seen_by_all = dense && start + HOP_N - 1 <= q_lo;
         if (!seen_by_all && dense)
-            mask_scores<false, N>(sc, s.tab[t].logical, start, q_index);
+            mask_scores<false>(sc, s.tab[t].logical, start, q_index);
         else if (!seen_by_all)
-            mask_scores<true, N>(sc, s.tab[t].logical, start, q_index);
+            mask_scores<true>(sc, s.tab[t].logical, start, q_index);
         float alpha[2];
-        online_softmax<N>(sc, m, l, alpha, scale);
+        online_softmax(sc, m, l, alpha, scale);
 
         // Once the previous P V is done: rescale O and make this tile's P the pending one.
         wgmma_wait<0>();
@@ -250,7 +239,7 @@ struct HopperWalk {
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < N / 16; ++kk) {
+        for (int kk = 0; kk < HOP_N / 16; ++kk) {
             pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
             pa[kk][1] = pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
             pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
@@ -265,7 +254,7 @@ struct HopperWalk {
         fence_registers(o_lo);
         fence_registers(o_hi);
         wgmma_fence();
-        issue_pv<N>(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
+        issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
         wgmma_wait<0>();
         fence_registers(o_lo);
         fence_registers(o_hi);
@@ -273,25 +262,24 @@ struct HopperWalk {
     }
 };
 
-template <int WGS, int N>
-__device__ __forceinline__ void prefill_hopper(
+// One block an SM: 128 rows, 128-slot tiles.
+extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_hopper_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal) {
-    constexpr int M = HopperShape<WGS, N>::M, THREADS = HopperShape<WGS, N>::THREADS;
     // The swizzle repeats every 1024 bytes, so the tiles start on a 1024-byte boundary.
     extern __shared__ unsigned char raw_smem[];
     const u32 raw = (u32)__cvta_generic_to_shared(raw_smem);
-    auto& s = *reinterpret_cast<HopperShared<WGS, N>*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
+    auto& s = *reinterpret_cast<HopperShared*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
 
     const int seq = blockIdx.y, kv_head = blockIdx.z;
     const int group = num_q_heads / num_kv_heads;
     const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
     const int rows = q_len * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * M;  // long causal tiles start first
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;  // long causal tiles start first
     if (row0 >= rows) return;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -311,12 +299,12 @@ __device__ __forceinline__ void prefill_hopper(
         q_token[h] = r < rows ? r / group : -1;
         q_index[h] = last_visible(r, rows, group, causal, kv_len, q_len);
     }
-    const int last_row = min(rows, row0 + M) - 1;
+    const int last_row = min(rows, row0 + HOP_M) - 1;
     const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
     const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
 
     // Q tile (zeros past the last row), then the first two slot tables and KV tile 0.
-    for (int id = tid; id < M * (HOP_D / 8); id += THREADS) {
+    for (int id = tid; id < HOP_M * (HOP_D / 8); id += HOP_THREADS) {
         const int r = id >> 4, ch = id & 15;
         const int gr = row0 + r;
         const bf16* src = q;
@@ -324,32 +312,32 @@ __device__ __forceinline__ void prefill_hopper(
             const int t = gr / group, h = kv_head * group + gr % group;
             src = q + ((size_t)(q0 + t) * num_q_heads + h) * HOP_D + ch * 8;
         }
-        cp_async_16(reinterpret_cast<char*>(s.q) + swizzled_offset(r, ch * 8, M), src,
+        cp_async_16(reinterpret_cast<char*>(s.q) + swizzled_offset(r, ch * 8, HOP_M), src,
                     gr < rows ? 16 : 0);
     }
     SlotWalker walker{0};
-    const int num_tiles = count_tiles<N>(num_entries, page_size);
+    const int num_tiles = count_tiles<HOP_N>(num_entries, page_size);
     for (int j = 0; j < 2 && j < num_tiles; ++j)
-        if (tid < N)
-            describe_tile<N>(s.tab[j], j, walker, page_ids, page_lens, num_entries,
+        if (tid < HOP_N)
+            describe_tile<HOP_N>(s.tab[j], j, walker, page_ids, page_lens, num_entries,
                                  page_size, page_shift, num_pages, num_kv_heads, kv_head);
     __syncthreads();
-    if (num_tiles > 0) hopper_load_kv<THREADS, N>(s.k[0], s.v[0], s.tab[0].row, k_cache, v_cache);
+    if (num_tiles > 0) hopper_load_kv(s.k[0], s.v[0], s.tab[0].row, k_cache, v_cache);
     cp_async_commit();
 
     const u32 q_addr = (u32)__cvta_generic_to_shared(s.q) + wg * 64 * 128;
-    HopperWalk<WGS, N> w{s, k_cache, v_cache, page_ids, page_lens, num_entries, page_size,
-                         page_shift, num_pages, num_kv_heads, kv_head, num_tiles,
-                         {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E,
-                         walker};
+    HopperWalk w{s, k_cache, v_cache, page_ids, page_lens, num_entries, page_size,
+                 page_shift, num_pages, num_kv_heads, kv_head, num_tiles,
+                 {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E,
+                 walker};
 #pragma unroll
     for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
     w.m[0] = w.m[1] = neg_inf();
     w.l[0] = w.l[1] = 0.f;
     int done = 0;  // tiles whose scores are computed
-    if (num_tiles > 0 && w.template step<true>(0)) {
+    if (num_tiles > 0 && w.step<true>(0)) {
         done = 1;
-        while (done < num_tiles && w.template step<false>(done)) ++done;
+        while (done < num_tiles && w.step<false>(done)) ++done;
     }
     w.finish(done);
     cp_async_wait_all();
@@ -376,15 +364,4 @@ __device__ __forceinline__ void prefill_hopper(
         if (lse != nullptr && (lane & 3) == 0)
             lse[base] = total > 0.f ? (w.m[h] + log2f(total)) * LN2 : neg_inf();
     }
-}
-
-// One block an SM: 128 rows, 128-slot tiles.
-extern "C" __global__ void __launch_bounds__(256, 1) prefill_attention_hopper_d128(
-    const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* q_indptr,
-    const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out, float* lse,
-    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
-    float sm_scale, int causal) {
-    prefill_hopper<2, 128>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids, kv_page_lens,
-                           out, lse, num_q_heads, num_kv_heads, page_size, page_shift, num_pages,
-                           sm_scale, causal);
 }
