@@ -15,7 +15,7 @@ use criterion::{Criterion, Throughput};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, Fp8Cache, HostPageTable};
 use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention_on};
-use kernels::sampling::{SampleParams, rows_at_once, sample};
+use kernels::sampling::{SampleParams, SampleShape, launch_shape, rows_at_once, sample};
 use kernels::{CudaSlice, Gpu, bf16};
 
 const HQ: usize = 16;
@@ -319,9 +319,18 @@ fn main() {
         .flat_map(|r| model_rows[r % model_rows.len()].logits.iter().copied())
         .collect();
     let mut out = gpu.zeros::<u32>(rows).unwrap();
+    for &shape in SampleShape::available(gpu.arch()) {
+        summary.push(format!(
+            "sample: {} x {} threads a row: {} rows of f32 logits at once",
+            shape.blocks,
+            shape.threads,
+            rows_at_once::<f32>(&gpu, shape).unwrap()
+        ));
+    }
+    let shape = launch_shape::<f32>(&gpu, rows).unwrap();
     summary.push(format!(
-        "sample: {} rows of f32 logits at once on this device",
-        rows_at_once::<f32>(&gpu).unwrap()
+        "sample: {rows} rows run as {} x {} threads a row",
+        shape.blocks, shape.threads
     ));
     for (kind, logits) in [
         ("fill*8", fill8),

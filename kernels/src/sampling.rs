@@ -5,7 +5,8 @@
 //! in vocabulary order with the SplitMix64 uniform of `(seed, step)`), finding the thresholds
 //! by radix selection over the logits' bits instead of sorting. From Hopper on, a row is read
 //! by a cluster of blocks that merge their histograms in each other's shared memory, so that a
-//! batch of 64 rows keeps every SM busy. See `cuda/sampling.cu`.
+//! batch of 64 rows keeps every SM busy; the cluster's size is chosen by the batch's
+//! ([`launch_shape`]). See `cuda/sampling.cu`.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
@@ -54,44 +55,118 @@ impl SampleParams {
 
 /// Element types the sampler reads logits in.
 pub trait Logit: DeviceRepr {
-    const KERNEL: &'static str;
+    /// The kernel of each shape in [`SampleShape::ALL`]'s order.
+    const KERNELS: [&'static str; 3];
 }
 
 impl Logit for f32 {
-    const KERNEL: &'static str = "sample_f32";
+    const KERNELS: [&'static str; 3] =
+        ["sample_f32_8x256", "sample_f32_2x512", "sample_f32_1x1024"];
 }
 
 impl Logit for bf16 {
-    const KERNEL: &'static str = "sample_bf16";
+    const KERNELS: [&'static str; 3] = [
+        "sample_bf16_8x256",
+        "sample_bf16_2x512",
+        "sample_bf16_1x1024",
+    ];
 }
 
-/// Blocks per row and threads per block of the sampling kernel on `arch`: a cluster of 8 blocks
-/// of 256 threads from Hopper (sm_90) on, where thread-block clusters exist; one block of 1,024
-/// threads before. The kernel is compiled with the same choice (`SAMPLE_CLUSTER`,
-/// `SAMPLE_THREADS` in `cuda/sampling.cu`), its cluster size fixed at compile time, so a plain
-/// launch of `rows * blocks` blocks forms the clusters.
-pub fn launch_shape(arch: Arch) -> (u32, u32) {
-    if arch.major >= 9 { (8, 256) } else { (1, 1024) }
+/// How the sampling kernel spreads a row over the device: `blocks` blocks (a thread-block
+/// cluster) of `threads` threads each. Each shape is its own kernel in `cuda/sampling.cu`, its
+/// cluster size fixed at compile time, so a plain launch of `rows * blocks` blocks forms the
+/// clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleShape {
+    pub blocks: u32,
+    pub threads: u32,
 }
 
-/// How many rows of `T` logits the device samples at once: the clusters (one a row) that fit
-/// on it together, as the driver computes it. A batch with more rows runs in several waves.
-pub fn rows_at_once<T: Logit>(gpu: &Gpu) -> Result<u32> {
-    let f = gpu.function(Source::Sampling, T::KERNEL)?;
-    let (blocks, threads) = launch_shape(gpu.arch());
-    if blocks == 1 {
+impl SampleShape {
+    /// Every shape, the shortest time a row first.
+    pub const ALL: [SampleShape; 3] = [
+        SampleShape {
+            blocks: 8,
+            threads: 256,
+        },
+        SampleShape {
+            blocks: 2,
+            threads: 512,
+        },
+        SampleShape {
+            blocks: 1,
+            threads: 1024,
+        },
+    ];
+
+    /// The shapes compiled for `arch`: clusters of 8 or 2 blocks from Hopper (sm_90) on, where
+    /// thread-block clusters exist; one block of 1,024 threads before.
+    pub fn available(arch: Arch) -> &'static [SampleShape] {
+        if arch.major >= 9 {
+            &Self::ALL[..2]
+        } else {
+            &Self::ALL[2..]
+        }
+    }
+
+    fn kernel<T: Logit>(self) -> &'static str {
+        let i = Self::ALL
+            .iter()
+            .position(|&s| s == self)
+            .expect("a listed shape");
+        T::KERNELS[i]
+    }
+}
+
+/// How many rows of `T` logits `shape` samples at once on the device: the clusters (one a row)
+/// that fit on it together, as the driver computes it. A batch with more rows runs in waves.
+pub fn rows_at_once<T: Logit>(gpu: &Gpu, shape: SampleShape) -> Result<u32> {
+    let f = gpu.function(Source::Sampling, shape.kernel::<T>())?;
+    if shape.blocks == 1 {
         let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(shape.threads, 0, None)
             .during("sample occupancy")?;
         return Ok(per_sm * gpu.num_sms() as u32);
     }
-    f.occupancy_max_active_clusters(grid((blocks, 1, 1), threads), gpu.stream())
+    f.occupancy_max_active_clusters(grid((shape.blocks, 1, 1), shape.threads), gpu.stream())
         .during("sample occupancy")
 }
 
-/// `logits: [rows, vocab]`, `params: SampleParams[rows]` -> `out: u32[rows]`.
+/// The shape for a batch of `rows`: the fastest a row among those that take every row at once,
+/// else the one that takes the most. A second wave of clusters costs as much as the first, so
+/// 64 rows on 8-block clusters (62 fit on an H100) take longer than on 2-block ones.
+pub fn launch_shape<T: Logit>(gpu: &Gpu, rows: usize) -> Result<SampleShape> {
+    let mut best = None;
+    for &shape in SampleShape::available(gpu.arch()) {
+        let at_once = rows_at_once::<T>(gpu, shape)? as usize;
+        if rows <= at_once {
+            return Ok(shape);
+        }
+        if best.is_none_or(|(_, most)| at_once > most) {
+            best = Some((shape, at_once));
+        }
+    }
+    Ok(best.expect("every architecture has a shape").0)
+}
+
+/// `logits: [rows, vocab]`, `params: SampleParams[rows]` -> `out: u32[rows]`, in the shape
+/// [`launch_shape`] picks.
 pub fn sample<T: Logit>(
     gpu: &Gpu,
+    logits: &impl DevicePtr<T>,
+    params: &impl DevicePtr<SampleParams>,
+    out: &mut impl DevicePtrMut<u32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<()> {
+    let shape = launch_shape::<T>(gpu, rows)?;
+    sample_with(gpu, shape, logits, params, out, rows, vocab)
+}
+
+/// [`sample`] in a given shape (one of [`SampleShape::available`] on the device).
+pub fn sample_with<T: Logit>(
+    gpu: &Gpu,
+    shape: SampleShape,
     logits: &impl DevicePtr<T>,
     params: &impl DevicePtr<SampleParams>,
     out: &mut impl DevicePtrMut<u32>,
@@ -102,19 +177,24 @@ pub fn sample<T: Logit>(
     if vocab == 0 {
         return Err(check::invalid(K, "empty vocabulary"));
     }
+    if !SampleShape::available(gpu.arch()).contains(&shape) {
+        return Err(check::invalid(
+            K,
+            "a shape this device's kernels are not built for",
+        ));
+    }
     check::at_least(K, "logits", logits.len(), rows * vocab)?;
     check::at_least(K, "params", params.len(), rows)?;
     check::at_least(K, "output", out.len(), rows)?;
     if rows == 0 {
         return Ok(());
     }
-    let f = gpu.function(Source::Sampling, T::KERNEL)?;
+    let f = gpu.function(Source::Sampling, shape.kernel::<T>())?;
     let (pl, pp, po) = (gpu.ptr(logits), gpu.ptr(params), gpu.ptr_mut(out));
     let vocab_arg = check::int(K, "vocab", vocab)?;
-    let (blocks, threads) = launch_shape(gpu.arch());
-    let blocks = check::int(K, "blocks", rows * blocks as usize)?;
+    let blocks = check::int(K, "blocks", rows * shape.blocks as usize)?;
     let mut launch = gpu.stream().launch_builder(&f);
     launch.arg(&pl).arg(&vocab_arg).arg(&pp).arg(&po);
-    unsafe { launch.launch(grid((blocks as u32, 1, 1), threads)) }.during(K)?;
+    unsafe { launch.launch(grid((blocks as u32, 1, 1), shape.threads)) }.during(K)?;
     Ok(())
 }

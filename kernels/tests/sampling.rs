@@ -9,7 +9,9 @@
 mod common;
 
 use common::*;
-use kernels::sampling::{SampleParams, launch_shape, sample};
+use kernels::sampling::{
+    SampleParams, SampleShape, launch_shape, rows_at_once, sample, sample_with,
+};
 use kernels::{Arch, Gpu};
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -136,6 +138,7 @@ fn every_path(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<SampleParams> {
         .collect()
 }
 
+/// The tokens the kernel samples, checked to be the same in every shape the device has.
 fn run<T: kernels::sampling::Logit>(
     gpu: &Gpu,
     logits: &[T],
@@ -144,9 +147,16 @@ fn run<T: kernels::sampling::Logit>(
 ) -> Vec<u32> {
     let d_logits = gpu.upload(logits).unwrap();
     let d_params = gpu.upload(params).unwrap();
-    let mut d_out = gpu.upload(&vec![u32::MAX; params.len()]).unwrap();
-    sample(gpu, &d_logits, &d_params, &mut d_out, params.len(), vocab).unwrap();
-    gpu.download(&d_out).unwrap()
+    let rows = params.len();
+    let mut d_out = gpu.upload(&vec![u32::MAX; rows]).unwrap();
+    sample(gpu, &d_logits, &d_params, &mut d_out, rows, vocab).unwrap();
+    let got = gpu.download(&d_out).unwrap();
+    for &shape in SampleShape::available(gpu.arch()) {
+        let mut d_out = gpu.upload(&vec![u32::MAX; rows]).unwrap();
+        sample_with(gpu, shape, &d_logits, &d_params, &mut d_out, rows, vocab).unwrap();
+        assert_eq!(gpu.download(&d_out).unwrap(), got, "{shape:?}");
+    }
+    got
 }
 
 #[test]
@@ -463,14 +473,37 @@ fn params_are_32_bytes_as_the_kernel_reads_them() {
 
 #[test]
 fn a_cluster_of_blocks_per_row_from_hopper_on() {
-    assert_eq!(launch_shape(Arch { major: 8, minor: 0 }), (1, 1024));
-    assert_eq!(launch_shape(Arch { major: 8, minor: 9 }), (1, 1024));
-    assert_eq!(launch_shape(Arch { major: 9, minor: 0 }), (8, 256));
+    let one_block = [SampleShape {
+        blocks: 1,
+        threads: 1024,
+    }];
     assert_eq!(
-        launch_shape(Arch {
-            major: 10,
-            minor: 0
-        }),
-        (8, 256)
+        SampleShape::available(Arch { major: 8, minor: 0 }),
+        one_block
     );
+    assert_eq!(
+        SampleShape::available(Arch { major: 8, minor: 9 }),
+        one_block
+    );
+    for major in [9, 10] {
+        let shapes = SampleShape::available(Arch { major, minor: 0 });
+        assert_eq!(shapes.iter().map(|s| s.blocks).collect::<Vec<_>>(), [8, 2]);
+        assert!(shapes.iter().all(|s| s.threads * s.blocks <= 2048));
+    }
+}
+
+#[test]
+fn the_shape_fits_the_batch_in_one_wave() {
+    let Some(gpu) = gpu() else { return };
+    for rows in [1, 8, 64, 128, 1000] {
+        let shape = launch_shape::<f32>(&gpu, rows).unwrap();
+        let at_once = rows_at_once::<f32>(&gpu, shape).unwrap() as usize;
+        let most = SampleShape::available(gpu.arch())
+            .iter()
+            .map(|&s| rows_at_once::<f32>(&gpu, s).unwrap() as usize)
+            .max()
+            .unwrap();
+        assert!(rows <= at_once || at_once == most, "{rows} rows: {shape:?}");
+        println!("{rows} rows: {shape:?}, {at_once} at once");
+    }
 }

@@ -10,10 +10,12 @@
 //   candidates are the logits >= threshold; u = uniform(seed, step) (SplitMix64), and the token
 //   is the first candidate, in vocabulary order, at which the running weight exceeds
 //   u * (total candidate weight).
-// Weights are summed as 40-bit fixed point in 64-bit integers: integer sums do not depend on
-// the order of addition, so every run gives the same answer, and the precision (2^-40 per term)
-// is finer than the f32 sums of the CPU. The CPU and the GPU can therefore only disagree when
-// the draw lands within f32 rounding of a boundary between two tokens.
+// Weights are computed as 2^((x - max) * log2(e) / T) with the hardware's exp2 (one instruction,
+// relative error below 2^-21 where the CPU's expf is correctly rounded) and summed as 40-bit fixed
+// point in 64-bit integers: integer sums do not depend on the order of addition, so every run
+// gives the same answer, and the precision (2^-40 per term) is finer than the f32 sums of the
+// CPU. The CPU and the GPU can therefore only disagree when the draw lands within a few
+// millionths of a boundary between two tokens.
 //
 // Thresholds are found by radix selection instead of sorting 150k logits (the idea of AIR
 // top-k in RAFT; FlashInfer instead samples without sorting by rejection against pivots, which
@@ -46,17 +48,10 @@
 // owner reads it, and targets memory its owner no longer reads until that barrier; a block
 // leaves only after the last barrier after which no other block touches its shared memory.
 
-#if __CUDA_ARCH__ >= 900
-#define SAMPLE_CLUSTER 8
-#define SAMPLE_THREADS 256
-#define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
-#else
-#define SAMPLE_CLUSTER 1
-#define SAMPLE_THREADS 1024
-#define SAMPLE_CLUSTER_DIMS
-#endif
-// sampling.rs launches SAMPLE_CLUSTER blocks of SAMPLE_THREADS per row (`launch_shape`).
-#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+// The kernels at the end of the file differ only in their shape: blocks a row (the cluster) and
+// threads a block; the code reads both at run time.
+#define MAX_CLUSTER 8        // blocks a row at most (arrays indexed by a block's rank)
+#define MAX_WARPS 32         // warps a block at most
 #define SAMPLE_BINS 4096     // 12-bit histograms
 #define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
@@ -77,7 +72,7 @@ struct Decision {
     u64 above;  // count or mass of the selected logits above the chosen bin (all levels so far)
     u64 mass;   // the chosen bin's count or mass
     u64 need;   // what the selection must reach
-    u64 kept[SAMPLE_CLUSTER];  // each block's candidate mass, once a weighted selection is done
+    u64 kept[MAX_CLUSTER];  // each block's candidate mass, once a weighted selection is done
     u32 bin;
     u32 try_list;  // the chosen bin is small enough to gather into rank 0's list
     u32 resolved;  // rank 0 found the key in its list
@@ -91,13 +86,13 @@ struct SampleShared {
         u64 list[SAMPLE_LIST];      // rank 0's gathered logits: key << 32 | index
     };
     u32 small[2 * LIST_BINS];       // rank 0's histogram over its list
-    u64 scratch[SAMPLE_WARPS];
+    u64 scratch[MAX_WARPS];
     Decision d, stage;              // rank 0's decision as received, and as being written
-    u64 sums[3][SAMPLE_CLUSTER];    // every block's slice sums (see slice_sums)
-    u64 acc[SAMPLE_CLUSTER];        // rank 0: each block's candidate mass above the list's bin
-    u64 part[SAMPLE_CLUSTER];       // each block's part of the owner's candidate mass
-    u64 best[SAMPLE_CLUSTER];       // rank 0: each block's greedy pick
-    float maxes[SAMPLE_CLUSTER];    // each block's maximum
+    u64 sums[3][MAX_CLUSTER];    // every block's slice sums (see slice_sums)
+    u64 acc[MAX_CLUSTER];        // rank 0: each block's candidate mass above the list's bin
+    u64 part[MAX_CLUSTER];       // each block's part of the owner's candidate mass
+    u64 best[MAX_CLUSTER];       // rank 0: each block's greedy pick
+    float maxes[MAX_CLUSTER];    // each block's maximum
     u64 found[2];
     u32 found_bin;
     u32 list_count;
@@ -117,6 +112,11 @@ __device__ __forceinline__ u32 cluster_index() {
     u32 r;
     asm("mov.u32 %0, %%clusterid.x;" : "=r"(r));
     return r;
+}
+__device__ __forceinline__ int cluster_ranks() {
+    u32 r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return (int)r;
 }
 __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.release;" ::: "memory");
@@ -140,6 +140,7 @@ __device__ __forceinline__ u32 remote(const void* p, u32 rank) {
 #define DSMEM ".shared"
 __device__ __forceinline__ u32 cluster_rank() { return 0; }
 __device__ __forceinline__ u32 cluster_index() { return blockIdx.x; }
+__device__ __forceinline__ int cluster_ranks() { return 1; }
 __device__ __forceinline__ void cluster_arrive() {}
 __device__ __forceinline__ void cluster_wait() {}
 __device__ __forceinline__ void cluster_sync() { __syncthreads(); }
@@ -163,6 +164,8 @@ __device__ __forceinline__ void add_remote(u32 a, u32 v) {
     asm volatile("red" DSMEM ".add.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ int block_size() { return (int)blockDim.x; }
+
 __device__ __forceinline__ u64 splitmix64(u64 x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -183,9 +186,11 @@ __device__ __forceinline__ float key_value(u32 k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// Precise expf and a true division, as on the CPU.
-__device__ __forceinline__ u64 fixed_weight(float x, float max, float temperature) {
-    return (u64)(expf((x - max) / temperature) * FIXED_ONE);
+// The weight of logit x in fixed point; `scale` is log2(e) / T, so the exponent is one multiply.
+__device__ __forceinline__ u64 fixed_weight(float x, float max, float scale) {
+    float w;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(w) : "f"((x - max) * scale));
+    return (u64)(w * FIXED_ONE);
 }
 
 // ceil(top_p * total), at least 1: the mass the top-p head must reach.
@@ -218,11 +223,21 @@ __device__ __forceinline__ float chunk_logit(const bf16*, const uint4 c, int j) 
 }
 
 // Calls f(index, logit, ok) for the logits in [begin, end), shared out among the block's threads
-// in 16-byte chunks, four chunks in flight per thread (a pass over a row is bound by the loads in
-// flight); one logit per thread for the unaligned head and the tail. Every thread of the block
-// makes the same number of calls, with ok false where it has no logit, so that f may use
-// warp-wide intrinsics. The logits of the four chunks are visited in a loop rather than unrolled:
-// f appears once in the code, not 16 or 32 times.
+// in 16-byte chunks; one logit per thread for the unaligned head and the tail. Every thread of
+// the block makes the same number of calls, with ok false where it has no logit, so that f may
+// use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
+// its next LOADS_AHEAD chunks in flight while it works on the current one (a queue in registers,
+// streamed past the L1 cache), and f appears once per logit of a chunk, so a logit costs f and
+// little more.
+#define LOADS_AHEAD 4
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, F f) {
     constexpr int V = 16 / sizeof(T);
@@ -235,19 +250,25 @@ __device__ __forceinline__ void for_each_logit(const T* row, int begin, int end,
     }
     const uint4* chunks = reinterpret_cast<const uint4*>(row + body);
     const int n = (end - body) / V;
-    for (int base = 0; base < n; base += 4 * SAMPLE_THREADS) {
-        uint4 v[4];
+    const uint4 none = make_uint4(0, 0, 0, 0);
+    const int step = block_size();
+    uint4 ahead[LOADS_AHEAD];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int c = base + u * SAMPLE_THREADS + t;
-            v[u] = c < n ? chunks[c] : make_uint4(0, 0, 0, 0);
-        }
+    for (int a = 0; a < LOADS_AHEAD; ++a) {
+        const int c = a * step + t;
+        ahead[a] = c < n ? load_stream(chunks + c) : none;
+    }
 #pragma unroll 1
-        for (int k = 0; k < 4 * V; ++k) {
-            const int u = k / V, c = base + u * SAMPLE_THREADS + t;
-            const uint4 chunk = u == 0 ? v[0] : u == 1 ? v[1] : u == 2 ? v[2] : v[3];
-            f(body + c * V + k % V, chunk_logit(row, chunk, k % V), c < n);
-        }
+    for (int c = t; c - t < n; c += step) {
+        const uint4 chunk = ahead[0];
+#pragma unroll
+        for (int a = 0; a + 1 < LOADS_AHEAD; ++a) ahead[a] = ahead[a + 1];
+        const int next = c + LOADS_AHEAD * step;
+        ahead[LOADS_AHEAD - 1] = next < n ? load_stream(chunks + next) : none;
+        const bool ok = c < n;
+        const int i = body + c * V;
+#pragma unroll
+        for (int j = 0; j < V; ++j) f(i + j, chunk_logit(row, chunk, j), ok);
     }
     const int tail = body + n * V;
     if (tail < end) {
@@ -270,7 +291,7 @@ __device__ __forceinline__ u64 block_sum_u64(u64 v, SampleShared& s) {
     if (lane == 0) s.scratch[warp] = v;
     __syncthreads();
     u64 total = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) total += s.scratch[w];
+    for (int w = 0; w < block_size() >> 5; ++w) total += s.scratch[w];
     return total;
 }
 
@@ -281,7 +302,7 @@ __device__ __forceinline__ u64 block_max_u64(u64 v, SampleShared& s) {
     __syncthreads();
     if (lane == 0) s.scratch[warp] = v;
     __syncthreads();
-    for (int w = 0; w < SAMPLE_WARPS; ++w) v = max(v, s.scratch[w]);
+    for (int w = 0; w < block_size() >> 5; ++w) v = max(v, s.scratch[w]);
     return v;
 }
 
@@ -292,7 +313,7 @@ __device__ __forceinline__ float block_max(float v, SampleShared& s) {
     __syncthreads();
     if (lane == 0) s.scratch[warp] = __float_as_uint(v);
     __syncthreads();
-    for (int w = 0; w < SAMPLE_WARPS; ++w) v = fmaxf(v, __uint_as_float((u32)s.scratch[w]));
+    for (int w = 0; w < block_size() >> 5; ++w) v = fmaxf(v, __uint_as_float((u32)s.scratch[w]));
     return v;
 }
 
@@ -310,7 +331,7 @@ __device__ __forceinline__ u64 block_exclusive_scan(u64 v, u64& total, SampleSha
     __syncthreads();
     u64 before = 0;
     total = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+    for (int w = 0; w < block_size() >> 5; ++w) {
         const u64 t = s.scratch[w];
         before += w < warp ? t : 0;
         total += t;
@@ -363,7 +384,7 @@ __device__ void merge_into_rank0(SampleShared& s, int nbins, u32 rank) {
     if (rank == 0) return;
     __syncthreads();  // this block's histogram is complete
     const u32 lo0 = remote(s.hist, 0), hi0 = remote(s.hist + SAMPLE_BINS, 0);
-    for (int b = threadIdx.x; b < nbins; b += SAMPLE_THREADS) {
+    for (int b = threadIdx.x; b < nbins; b += block_size()) {
         const u32 lo = s.hist[b], hi = WEIGHTED ? s.hist[SAMPLE_BINS + b] : 0u;
         if (lo == 0 && hi == 0) continue;
         if (!WEIGHTED) {
@@ -380,13 +401,13 @@ __device__ void merge_into_rank0(SampleShared& s, int nbins, u32 rank) {
 template <bool WEIGHTED>
 __device__ u64 local_mass(SampleShared& s, int from, int to) {
     u64 m = 0;
-    for (int b = from + threadIdx.x; b < to; b += SAMPLE_THREADS)
+    for (int b = from + threadIdx.x; b < to; b += block_size())
         m += hist_mass<WEIGHTED>(s.hist, s.hist + SAMPLE_BINS, b);
     return block_sum_u64(m, s);
 }
 
 __device__ __forceinline__ void clear_histogram(SampleShared& s) {
-    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += SAMPLE_THREADS) s.hist[b] = 0;
+    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += block_size()) s.hist[b] = 0;
 }
 
 struct Found {
@@ -403,7 +424,7 @@ struct Found {
 template <bool WEIGHTED, typename Need>
 __device__ Found find_crossing(const u32* lo, const u32* hi, int nbins, u64 above, Need need_of,
                                SampleShared& s) {
-    const int per = (nbins + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int per = (nbins + block_size() - 1) / block_size();
     const int top = nbins - 1 - (int)threadIdx.x * per;
     u64 mine = 0;
     for (int j = 0; j < per && top - j >= 0; ++j) mine += hist_mass<WEIGHTED>(lo, hi, top - j);
@@ -441,24 +462,24 @@ struct KeyCounts {
 
 // The list entries as (logit key, weight); with `strict`, only keys above `floor` count.
 struct KeyWeights {
-    float max, temperature;
+    float max, scale;
     bool strict;
     u32 floor;
     __device__ u32 key(u64 e) const { return (u32)(e >> 32); }
     __device__ u64 weight(u64 e) const {
         const u32 k = key(e);
-        return strict && k <= floor ? 0ull : fixed_weight(key_value(k), max, temperature);
+        return strict && k <= floor ? 0ull : fixed_weight(key_value(k), max, scale);
     }
 };
 
 // The list entries as (~index, weight of a candidate): selecting on ~index walks the vocabulary
 // order, so the draw is a selection too.
 struct IndexWeights {
-    float max, temperature, threshold;
+    float max, scale, threshold;
     __device__ u32 key(u64 e) const { return ~(u32)e; }
     __device__ u64 weight(u64 e) const {
         const float x = key_value((u32)(e >> 32));
-        return x >= threshold ? fixed_weight(x, max, temperature) : 0ull;
+        return x >= threshold ? fixed_weight(x, max, scale) : 0ull;
     }
 };
 
@@ -471,9 +492,9 @@ __device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, const 
     u32 prefix = 0, mask = 0;
     u64 above = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 2 * LIST_BINS; b += SAMPLE_THREADS) s.small[b] = 0;
+        for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
         __syncthreads();
-        for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+        for (int j = threadIdx.x; j < n; j += block_size()) {
             const u64 e = s.list[j];
             const u32 k = view.key(e);
             if ((k & mask) != prefix) continue;
@@ -493,7 +514,7 @@ __device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, const 
 template <typename F>
 __device__ u64 list_sum(SampleShared& s, int n, F f) {
     u64 sum = 0;
-    for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) sum += f(s.list[j]);
+    for (int j = threadIdx.x; j < n; j += block_size()) sum += f(s.list[j]);
     return block_sum_u64(sum, s);
 }
 
@@ -505,9 +526,11 @@ struct Ctx {
     int per;  // logits per block (a multiple of 16: aligned 16-byte loads in every slice)
     int begin, end;
     u32 rank;
+    int ranks;  // blocks in the cluster
     u32 row_index;
     SampleParams p;
     float max;
+    float scale;  // log2(e) / temperature: weights are 2^((x - max) * scale)
 };
 
 // Which logits a selection counts, and what it must reach.
@@ -523,7 +546,7 @@ __device__ void publish(SampleShared& s) {
     __syncthreads();  // s.stage is complete
     const u64* words = reinterpret_cast<const u64*>(&s.stage);
     u64* to = reinterpret_cast<u64*>(&s.d);
-    for (int t = threadIdx.x; t < SAMPLE_CLUSTER * (int)DECISION_WORDS; t += SAMPLE_THREADS)
+    for (int t = threadIdx.x; t < cluster_ranks() * (int)DECISION_WORDS; t += block_size())
         store_remote(remote(to + t % DECISION_WORDS, t / DECISION_WORDS), words[t % DECISION_WORDS]);
 }
 
@@ -544,7 +567,7 @@ __device__ __noinline__ void decide_level(const Ctx<T>& c, SampleShared& s, int 
             // the list is tried (and may overflow).
             u32 low = prefix | ((u32)f.bin << shift);
             if (q.strict) low = max(low, q.floor + 1);
-            const u64 w = fixed_weight(key_value(low), c.max, c.p.temperature);
+            const u64 w = fixed_weight(key_value(low), c.max, c.scale);
             fits = w == 0 || f.mass / w <= SAMPLE_LIST;
         }
         s.stage.bin = f.bin;
@@ -567,14 +590,14 @@ __device__ void build_histogram(const Ctx<T>& c, SampleShared& s, int shift, int
                                 u32 mask, const Query& q) {
     // Locals, not loads through `c` and `q` in the loop, which the atomics' memory clobbers
     // would repeat.
-    const float mx = c.max, temp = c.p.temperature;
+    const float mx = c.max, scale = c.scale;
     const bool strict = q.strict;
     const u32 floor = q.floor;
     for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
         const u32 key = order_key(x);
         const bool take = ok && (key & mask) == prefix && (!strict || key > floor);
         u64 w = 1;
-        if (WEIGHTED && take) w = fixed_weight(x, mx, temp);
+        if (WEIGHTED && take) w = fixed_weight(x, mx, scale);
         warp_hist_add<WEIGHTED>(s.hist, s.hist + SAMPLE_BINS, (key >> shift) & (nbins - 1), w,
                                 take);
     });
@@ -603,20 +626,20 @@ __device__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take) {
 // written into every block's s.sums[.][rank] (the caller's cluster barrier follows).
 template <typename T>
 __device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
-    const float mx = c.max, temp = c.p.temperature;
+    const float mx = c.max, scale = c.scale;
     u64 count = 0, mass = 0, at = 0;
     for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
         const u32 k = order_key(x);
         if (ok && k > key) {
             count += 1;
-            mass += fixed_weight(x, mx, temp);
+            mass += fixed_weight(x, mx, scale);
         }
         at += ok && k == key;
     });
     count = block_sum_u64(count, s);
     mass = block_sum_u64(mass, s);
     at = block_sum_u64(at, s);
-    if (threadIdx.x < SAMPLE_CLUSTER) {
+    if (threadIdx.x < c.ranks) {
         store_remote(remote(&s.sums[0][c.rank], threadIdx.x), count);
         store_remote(remote(&s.sums[1][c.rank], threadIdx.x), mass);
         store_remote(remote(&s.sums[2][c.rank], threadIdx.x), at);
@@ -629,18 +652,18 @@ template <typename T>
 __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, int n, u64 above, float threshold) {
     u32* lo = s.small;
     u32* hi = s.small + LIST_BINS;
-    for (int b = threadIdx.x; b < 2 * LIST_BINS; b += SAMPLE_THREADS) s.small[b] = 0;
+    for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
     __syncthreads();
-    for (int j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+    for (int j = threadIdx.x; j < n; j += block_size()) {
         const u64 e = s.list[j];
         const float x = key_value((u32)(e >> 32));
         if (x >= threshold)
-            hist_add<true>(lo, hi, (u32)e / c.per, fixed_weight(x, c.max, c.p.temperature));
+            hist_add<true>(lo, hi, (u32)e / c.per, fixed_weight(x, c.max, c.scale));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         u64 others = 0;
-        for (int r = 1; r < SAMPLE_CLUSTER; ++r) {
+        for (int r = 1; r < c.ranks; ++r) {
             s.stage.kept[r] = s.acc[r] + hist_mass<true>(lo, hi, r);
             others += s.acc[r];
         }
@@ -688,7 +711,7 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
                 if (c.rank == 0) {
                     if (threadIdx.x == 0) {
                         u64 others = 0;
-                        for (int r = 1; r < SAMPLE_CLUSTER; ++r) {
+                        for (int r = 1; r < c.ranks; ++r) {
                             s.stage.kept[r] = s.acc[r];
                             others += s.acc[r];
                         }
@@ -713,7 +736,7 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
                 if (n <= SAMPLE_LIST) {
                     const u32 key =
                         WEIGHTED ? list_select(s, n, q.need - above,
-                                               KeyWeights{c.max, c.p.temperature, false, 0})
+                                               KeyWeights{c.max, c.scale, false, 0})
                                  : list_select(s, n, q.need - above, KeyCounts{});
                     if (WEIGHTED) kept_from_list(c, s, n, above, key_value(key));
                     if (threadIdx.x == 0) {
@@ -740,22 +763,22 @@ template <typename T>
 __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u32* out) {
     const int n = (int)s.list_count;
     const SampleParams& p = c.p;
-    const float mx = c.max, temp = p.temperature;
+    const float mx = c.max, scale = c.scale;
     const u32 k_key = list_select(s, n, (u64)p.top_k, KeyCounts{});
     // The list of exactly k entries: everything above the k-th value, then copies of it.
     const u64 count_gt = list_sum(s, n, [&](u64 e) { return (u64)((u32)(e >> 32) > k_key); });
     const u64 sum_gt = list_sum(s, n, [&](u64 e) {
         const u32 k = (u32)(e >> 32);
-        return k > k_key ? fixed_weight(key_value(k), mx, temp) : 0ull;
+        return k > k_key ? fixed_weight(key_value(k), mx, scale) : 0ull;
     });
-    const u64 total = sum_gt + ((u64)p.top_k - count_gt) * fixed_weight(key_value(k_key), mx, temp);
+    const u64 total = sum_gt + ((u64)p.top_k - count_gt) * fixed_weight(key_value(k_key), mx, scale);
     u32 key = k_key;
     if (p.top_p < 1.f) {
         const u64 need = top_p_need(p.top_p, total);
-        if (sum_gt >= need) key = list_select(s, n, need, KeyWeights{mx, temp, true, k_key});
+        if (sum_gt >= need) key = list_select(s, n, need, KeyWeights{mx, scale, true, k_key});
     }
     const float threshold = key_value(key);
-    const IndexWeights candidates{mx, temp, threshold};
+    const IndexWeights candidates{mx, scale, threshold};
     const u64 kept = list_sum(s, n, [&](u64 e) { return candidates.weight(e); });
     if (kept == 0) return;  // nothing kept
     // The first candidate in vocabulary order whose running weight exceeds target.
@@ -770,25 +793,26 @@ __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u3
 template <typename T>
 __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, u32* out) {
     u64 total = 0;
-    for (int r = 0; r < SAMPLE_CLUSTER; ++r) total += s.d.kept[r];
+    for (int r = 0; r < c.ranks; ++r) total += s.d.kept[r];
     if (total == 0) return;  // nothing kept
     const u64 target = draw_target(total, c.p);
     int owner = 0;
     u64 before = 0;
     while (target >= before + s.d.kept[owner]) before += s.d.kept[owner++];
     const int ob = min(c.vocab, owner * c.per), oe = min(c.vocab, ob + c.per);
-    const int piece = (oe - ob + SAMPLE_CLUSTER * SAMPLE_THREADS - 1) / (SAMPLE_CLUSTER * SAMPLE_THREADS);
-    const int lb = min(oe, ob + (int)(c.rank * SAMPLE_THREADS + threadIdx.x) * piece);
+    const int threads = c.ranks * block_size();
+    const int piece = (oe - ob + threads - 1) / threads;
+    const int lb = min(oe, ob + (int)(c.rank * block_size() + threadIdx.x) * piece);
     const int le = min(oe, lb + piece);
-    const float mx = c.max, temp = c.p.temperature;
+    const float mx = c.max, scale = c.scale;
     u64 mine = 0;
     for (int i = lb; i < le; ++i) {
         const float x = load_logit(c.row, i);
-        if (x >= threshold) mine += fixed_weight(x, mx, temp);
+        if (x >= threshold) mine += fixed_weight(x, mx, scale);
     }
     u64 block_total;
     u64 run = before + block_exclusive_scan(mine, block_total, s);
-    if (threadIdx.x < SAMPLE_CLUSTER) store_remote(remote(&s.part[c.rank], threadIdx.x), block_total);
+    if (threadIdx.x < c.ranks) store_remote(remote(&s.part[c.rank], threadIdx.x), block_total);
     cluster_sync();
     for (int r = 0; r < (int)c.rank; ++r) run += s.part[r];
     if (target < run || target >= run + mine) return;
@@ -796,7 +820,7 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     for (int i = lb; i < le; ++i) {
         const float x = load_logit(c.row, i);
         if (x >= threshold) {
-            run += fixed_weight(x, mx, temp);
+            run += fixed_weight(x, mx, scale);
             if (run > target) {
                 out[c.row_index] = (u32)i;
                 return;
@@ -805,20 +829,26 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     }
 }
 
-// Greedy: the largest (key << 32 | ~index) over logits above -inf, which is the first index of
-// the largest logit; index 0 when there is none, as on the CPU.
+// Greedy: the first index of the largest logit above -inf; index 0 when there is none, as on the
+// CPU. Each thread keeps its largest logit and where it first saw it (it sees its indices in
+// increasing order); threads and blocks then compare (key << 32 | ~index), whose maximum is that
+// first index of the largest key.
 template <typename T>
 __device__ void argmax(const Ctx<T>& c, SampleShared& s, u32* out) {
-    u64 best = 0;
+    float top = neg_inf();
+    int at = -1;
     for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
-        if (ok && x > neg_inf()) best = max(best, ((u64)order_key(x) << 32) | (u32)~i);
+        const bool better = ok && x > top;  // false for NaN, and for -inf
+        top = better ? x : top;
+        at = better ? i : at;
     });
+    u64 best = at < 0 ? 0ull : ((u64)order_key(top) << 32) | (u32)~at;
     best = block_max_u64(best, s);
     cluster_wait();  // every block of the cluster has started
     if (threadIdx.x == 0) store_remote(remote(&s.best[c.rank], 0), best);
     cluster_sync();
     if (c.rank == 0 && threadIdx.x == 0) {
-        for (int r = 0; r < SAMPLE_CLUSTER; ++r) best = max(best, s.best[r]);
+        for (int r = 0; r < c.ranks; ++r) best = max(best, s.best[r]);
         out[c.row_index] = best ? ~(u32)best : 0u;
     }
 }
@@ -833,11 +863,13 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     c.rank = cluster_rank();
     c.row = logits + (size_t)c.row_index * vocab;
     c.vocab = vocab;
-    c.per = ((vocab + SAMPLE_CLUSTER - 1) / SAMPLE_CLUSTER + 15) / 16 * 16;
+    c.ranks = cluster_ranks();
+    c.per = ((vocab + c.ranks - 1) / c.ranks + 15) / 16 * 16;
     c.begin = min(vocab, (int)c.rank * c.per);
     c.end = min(vocab, c.begin + c.per);
     c.p = params[c.row_index];
     c.max = 0.f;
+    c.scale = LOG2E / c.p.temperature;
 
     if (c.p.temperature == 0.f) {
         cluster_arrive();  // waited for before the first access to another block's shared memory
@@ -852,16 +884,22 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
 
     // Pass 1: the maximum, and with top-k a histogram of counts of the keys' top 12 bits.
     float mx = neg_inf();
-    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
-        if (ok) mx = fmaxf(mx, x);
-        if (top_k_on) warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
-    });
+    if (top_k_on) {
+        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+            mx = ok ? fmaxf(mx, x) : mx;
+            warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
+        });
+    } else {
+        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+            mx = ok ? fmaxf(mx, x) : mx;
+        });
+    }
     mx = block_max(mx, s);
     cluster_wait();
-    if (threadIdx.x < SAMPLE_CLUSTER) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
+    if (threadIdx.x < c.ranks) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
     if (top_k_on) merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
     cluster_sync();
-    for (int r = 0; r < SAMPLE_CLUSTER; ++r) mx = fmaxf(mx, s.maxes[r]);
+    for (int r = 0; r < c.ranks; ++r) mx = fmaxf(mx, s.maxes[r]);
     c.max = mx;
 
     if (top_k_on) {
@@ -880,11 +918,11 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         slice_sums(c, s, k_key);
         cluster_sync();
         u64 count_gt = 0, sum_gt = 0;
-        for (int r = 0; r < SAMPLE_CLUSTER; ++r) {
+        for (int r = 0; r < c.ranks; ++r) {
             count_gt += s.sums[0][r];
             sum_gt += s.sums[1][r];
         }
-        const u64 w_k = fixed_weight(key_value(k_key), mx, c.p.temperature);
+        const u64 w_k = fixed_weight(key_value(k_key), mx, c.scale);
         const u64 total = sum_gt + (k - count_gt) * w_k;
         if (top_p_on) {
             const u64 need = top_p_need(c.p.top_p, total);
@@ -895,7 +933,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             }
         }
         // Candidates: the logits above the k-th key, and those at it.
-        if (threadIdx.x < SAMPLE_CLUSTER) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x] + s.sums[2][threadIdx.x] * w_k;
+        if (threadIdx.x < c.ranks) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x] + s.sums[2][threadIdx.x] * w_k;
         __syncthreads();
         draw(c, s, key_value(k_key), out);
     } else if (top_p_on) {
@@ -904,18 +942,40 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     } else {
         slice_sums(c, s, 0);  // key 0 is a NaN's: every other logit counts
         cluster_sync();
-        if (threadIdx.x < SAMPLE_CLUSTER) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x];
+        if (threadIdx.x < c.ranks) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x];
         __syncthreads();
         draw(c, s, neg_inf(), out);
     }
 }
 
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS, 1024 / SAMPLE_THREADS)
-    sample_f32(const float* logits, int vocab, const SampleParams* params, u32* out) {
+// The shapes sampling.rs chooses from (`launch_shape`). From Hopper on: a cluster of 8 blocks of
+// 256 threads a row, the shortest time a row, while every row of the batch fits on the device at
+// once (62 rows on an H100); beyond that, 2 blocks of 512 threads a row, of which 132 fit, since
+// a second wave of clusters costs a whole row's time. Before Hopper, one block of 1,024 threads.
+#if __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 4)
+    sample_f32_8x256(const float* logits, int vocab, const SampleParams* params, u32* out) {
     sample_row<float>(logits, vocab, params, out);
 }
-
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(SAMPLE_THREADS, 1024 / SAMPLE_THREADS)
-    sample_bf16(const bf16* logits, int vocab, const SampleParams* params, u32* out) {
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 4)
+    sample_bf16_8x256(const bf16* logits, int vocab, const SampleParams* params, u32* out) {
     sample_row<bf16>(logits, vocab, params, out);
 }
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 2)
+    sample_f32_2x512(const float* logits, int vocab, const SampleParams* params, u32* out) {
+    sample_row<float>(logits, vocab, params, out);
+}
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 2)
+    sample_bf16_2x512(const bf16* logits, int vocab, const SampleParams* params, u32* out) {
+    sample_row<bf16>(logits, vocab, params, out);
+}
+#else
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    sample_f32_1x1024(const float* logits, int vocab, const SampleParams* params, u32* out) {
+    sample_row<float>(logits, vocab, params, out);
+}
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    sample_bf16_1x1024(const bf16* logits, int vocab, const SampleParams* params, u32* out) {
+    sample_row<bf16>(logits, vocab, params, out);
+}
+#endif
