@@ -54,6 +54,7 @@
 #define MAX_WARPS 32         // warps a block at most
 #define SAMPLE_BINS 4096     // 12-bit histograms
 #define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
+#define SORT_LIST 2048       // a top-k list rank 0 sorts (a power of two, <= SAMPLE_LIST)
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
@@ -454,51 +455,25 @@ __device__ Found find_crossing(const u32* lo, const u32* hi, int nbins, u64 abov
     return Found{s.found_bin, s.found[0], s.found[1], need};
 }
 
-// The list entries as (logit key, count one).
-struct KeyCounts {
-    __device__ u32 key(u64 e) const { return (u32)(e >> 32); }
-    __device__ u64 weight(u64) const { return 1; }
-};
-
-// The list entries as (logit key, weight); with `strict`, only keys above `floor` count.
-struct KeyWeights {
-    float max, scale;
-    bool strict;
-    u32 floor;
-    __device__ u32 key(u64 e) const { return (u32)(e >> 32); }
-    __device__ u64 weight(u64 e) const {
-        const u32 k = key(e);
-        return strict && k <= floor ? 0ull : fixed_weight(key_value(k), max, scale);
-    }
-};
-
-// The list entries as (~index, weight of a candidate): selecting on ~index walks the vocabulary
-// order, so the draw is a selection too.
-struct IndexWeights {
-    float max, scale, threshold;
-    __device__ u32 key(u64 e) const { return ~(u32)e; }
-    __device__ u64 weight(u64 e) const {
-        const float x = key_value((u32)(e >> 32));
-        return x >= threshold ? fixed_weight(x, max, scale) : 0ull;
-    }
-};
-
-// Rank 0: the largest selection key v such that the first `n` list entries with key >= v weigh
-// at least `need`, one byte of the key at a time (four 256-bin histograms of the list).
-template <typename View>
-__device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, const View& view) {
+// Rank 0: the largest logit key v such that the first `n` list entries (key << 32 | index) with
+// key >= v weigh at least `need`, one byte of the key at a time (256-bin histograms of the
+// list). Every entry's key starts with `prefix` (the bits under `mask`): whole bytes of it are
+// skipped.
+template <typename W>
+__device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, u32 prefix, u32 mask,
+                                        W weight) {
     u32* lo = s.small;
     u32* hi = s.small + LIST_BINS;
-    u32 prefix = 0, mask = 0;
     u64 above = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
+        if ((mask >> shift & 255u) == 255u) continue;
         for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size()) {
             const u64 e = s.list[j];
-            const u32 k = view.key(e);
+            const u32 k = (u32)(e >> 32);
             if ((k & mask) != prefix) continue;
-            const u64 w = view.weight(e);
+            const u64 w = weight(e);
             if (w) hist_add<true>(lo, hi, (k >> shift) & 255, w);
         }
         __syncthreads();
@@ -734,10 +709,11 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
             if (c.rank == 0) {
                 const int n = (int)s.list_count;
                 if (n <= SAMPLE_LIST) {
-                    const u32 key =
-                        WEIGHTED ? list_select(s, n, q.need - above,
-                                               KeyWeights{c.max, c.scale, false, 0})
-                                 : list_select(s, n, q.need - above, KeyCounts{});
+                    const float mx = c.max, scale = c.scale;
+                    const u32 key = list_select(s, n, q.need - above, pre, msk, [=](u64 e) {
+                        return WEIGHTED ? fixed_weight(key_value((u32)(e >> 32)), mx, scale)
+                                        : 1ull;
+                    });
                     if (WEIGHTED) kept_from_list(c, s, n, above, key_value(key));
                     if (threadIdx.x == 0) {
                         s.stage.resolved = 1;
@@ -757,41 +733,133 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
     return prefix;  // not reached: level 2 returns
 }
 
-// Rank 0, top-k on and every logit from the k-th one's bin up in its list: the whole selection
-// and the draw, in shared memory.
+// Rank 0: sorts the first n entries of its list (n <= SORT_LIST) in descending order, zeros
+// padding them to a power of two (zeros sort last). A bitonic sort: log2(size)^2 / 2 rounds of
+// independent compare-exchanges, a block barrier after each; a few microseconds for the few
+// hundred entries a top-k list holds.
+__device__ void sort_list(SampleShared& s, int n) {
+    int size = 1;
+    while (size < n) size <<= 1;
+    for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
+    __syncthreads();
+    for (int k = 2; k <= size; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < size / 2; i += block_size()) {
+                const int a = 2 * i - (i & (j - 1)), b = a + j;
+                const u64 x = s.list[a], y = s.list[b];
+                if ((a & k) == 0 ? x < y : x > y) {
+                    s.list[a] = y;
+                    s.list[b] = x;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Rank 0: the first position of its (sorted) list at which the running sum of weight(entry) from
+// the front reaches `need`; n when it never does. Each thread sums a run of positions, a scan over
+// the threads finds the run that crosses, and its thread walks it.
+template <typename W>
+__device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
+    const int per = (n + block_size() - 1) / block_size();
+    const int from = min(n, (int)threadIdx.x * per), to = min(n, from + per);
+    u64 mine = 0;
+    for (int i = from; i < to; ++i) mine += weight(s.list[i]);
+    u64 total;
+    u64 run = block_exclusive_scan(mine, total, s);
+    if (threadIdx.x == 0) s.found_bin = n;
+    __syncthreads();
+    if (run < need && run + mine >= need) {
+        for (int i = from; i < to; ++i) {
+            run += weight(s.list[i]);
+            if (run >= need) {
+                s.found_bin = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return (int)s.found_bin;
+}
+
+// Rank 0, top-k on and every logit from the k-th one's bin up in its list (at most SORT_LIST of
+// them): the whole selection and the draw, on the sorted list. The k-th logit is at position
+// k - 1; the top-k list of exactly k entries is the first k positions; the top-p threshold is
+// where their running mass reaches its share; the candidates (every logit at or above the
+// threshold) are then sorted again into vocabulary order for the draw.
 template <typename T>
 __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u32* out) {
     const int n = (int)s.list_count;
     const SampleParams& p = c.p;
     const float mx = c.max, scale = c.scale;
-    const u32 k_key = list_select(s, n, (u64)p.top_k, KeyCounts{});
-    // The list of exactly k entries: everything above the k-th value, then copies of it.
-    const u64 count_gt = list_sum(s, n, [&](u64 e) { return (u64)((u32)(e >> 32) > k_key); });
-    const u64 sum_gt = list_sum(s, n, [&](u64 e) {
-        const u32 k = (u32)(e >> 32);
-        return k > k_key ? fixed_weight(key_value(k), mx, scale) : 0ull;
-    });
-    const u64 total = sum_gt + ((u64)p.top_k - count_gt) * fixed_weight(key_value(k_key), mx, scale);
+    const int k = p.top_k;  // <= n
+    sort_list(s, n);
+    const auto weight = [=](u64 e) {
+        return fixed_weight(key_value((u32)(e >> 32)), mx, scale);
+    };
+    const u32 k_key = (u32)(s.list[k - 1] >> 32);
+    const u64 total = list_sum(s, k, weight);
     u32 key = k_key;
     if (p.top_p < 1.f) {
         const u64 need = top_p_need(p.top_p, total);
-        if (sum_gt >= need) key = list_select(s, n, need, KeyWeights{mx, scale, true, k_key});
+        const u64 sum_gt =
+            list_sum(s, k, [&](u64 e) { return (u32)(e >> 32) > k_key ? weight(e) : 0ull; });
+        if (sum_gt >= need) key = (u32)(s.list[first_reaching(s, k, need, weight)] >> 32);
     }
-    const float threshold = key_value(key);
-    const IndexWeights candidates{mx, scale, threshold};
-    const u64 kept = list_sum(s, n, [&](u64 e) { return candidates.weight(e); });
+    // Candidates as (~index << 32 | key), the rest as zeros: sorted, they come in vocabulary order.
+    for (int i = threadIdx.x; i < n; i += block_size()) {
+        const u64 e = s.list[i];
+        const u32 ek = (u32)(e >> 32);
+        s.list[i] = ek >= key ? ((u64)~(u32)e << 32) | ek : 0ull;
+    }
+    __syncthreads();
+    sort_list(s, n);
+    const auto candidate_weight = [=](u64 e) {
+        return e ? fixed_weight(key_value((u32)e), mx, scale) : 0ull;
+    };
+    const u64 kept = list_sum(s, n, candidate_weight);
     if (kept == 0) return;  // nothing kept
     // The first candidate in vocabulary order whose running weight exceeds target.
-    const u32 chosen = ~list_select(s, n, draw_target(kept, p) + 1, candidates);
-    if (threadIdx.x == 0) out[c.row_index] = chosen;
+    const int at = first_reaching(s, n, draw_target(kept, p) + 1, candidate_weight);
+    if (threadIdx.x == 0) out[c.row_index] = ~(u32)(s.list[at] >> 32);
+}
+
+// Calls f(index, logit) for the logits in [begin, end), in order, until f returns true. The
+// logits are read 16 bytes at a time, four loads in flight, where the range is aligned; the
+// draw's pieces are tens of logits, which one load at a time would wait for one by one.
+template <typename T, typename F>
+__device__ __forceinline__ void walk_piece(const T* row, int begin, int end, F f) {
+    constexpr int V = 16 / sizeof(T);
+    int i = begin;
+    if ((reinterpret_cast<size_t>(row + begin) & 15) == 0) {
+        const uint4* chunks = reinterpret_cast<const uint4*>(row + begin);
+        const int n = (end - begin) / V;
+        for (int c0 = 0; c0 < n; c0 += 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = c0 + u < n ? chunks[c0 + u] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (c0 + u >= n) break;
+#pragma unroll
+                for (int j = 0; j < V; ++j)
+                    if (f(begin + (c0 + u) * V + j, chunk_logit(row, v[u], j))) return;
+            }
+        }
+        i = begin + n * V;
+    }
+    for (; i < end; ++i)
+        if (f(i, load_logit(row, i))) return;
 }
 
 // The token, from every block's candidate mass (s.d.kept, the same in every block): the first
 // candidate in vocabulary order at which the running mass exceeds target. The block whose slice
-// holds it is found from the masses; that slice is cut into one piece per thread of the cluster,
-// a scan over the cluster finds the piece, and its thread walks it.
+// holds it is found from the masses; that slice is cut into one piece per thread of the cluster
+// (whole 16-byte chunks), a scan over the cluster finds the piece, and its thread walks it.
 template <typename T>
 __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, u32* out) {
+    constexpr int V = 16 / sizeof(T);
     u64 total = 0;
     for (int r = 0; r < c.ranks; ++r) total += s.d.kept[r];
     if (total == 0) return;  // nothing kept
@@ -801,15 +869,15 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     while (target >= before + s.d.kept[owner]) before += s.d.kept[owner++];
     const int ob = min(c.vocab, owner * c.per), oe = min(c.vocab, ob + c.per);
     const int threads = c.ranks * block_size();
-    const int piece = (oe - ob + threads - 1) / threads;
+    const int piece = ((oe - ob + threads - 1) / threads + V - 1) / V * V;
     const int lb = min(oe, ob + (int)(c.rank * block_size() + threadIdx.x) * piece);
     const int le = min(oe, lb + piece);
     const float mx = c.max, scale = c.scale;
     u64 mine = 0;
-    for (int i = lb; i < le; ++i) {
-        const float x = load_logit(c.row, i);
-        if (x >= threshold) mine += fixed_weight(x, mx, scale);
-    }
+    walk_piece(c.row, lb, le, [&](int, float x) {
+        mine += x >= threshold ? fixed_weight(x, mx, scale) : 0ull;
+        return false;
+    });
     u64 block_total;
     u64 run = before + block_exclusive_scan(mine, block_total, s);
     if (threadIdx.x < c.ranks) store_remote(remote(&s.part[c.rank], threadIdx.x), block_total);
@@ -817,16 +885,13 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     for (int r = 0; r < (int)c.rank; ++r) run += s.part[r];
     if (target < run || target >= run + mine) return;
     // Running weight only grows at candidates, so the first index past target is one.
-    for (int i = lb; i < le; ++i) {
-        const float x = load_logit(c.row, i);
-        if (x >= threshold) {
-            run += fixed_weight(x, mx, scale);
-            if (run > target) {
-                out[c.row_index] = (u32)i;
-                return;
-            }
-        }
-    }
+    walk_piece(c.row, lb, le, [&](int i, float x) {
+        if (x < threshold) return false;
+        run += fixed_weight(x, mx, scale);
+        if (run <= target) return false;
+        out[c.row_index] = (u32)i;
+        return true;
+    });
 }
 
 // Greedy: the first index of the largest logit above -inf; index 0 when there is none, as on the
@@ -907,7 +972,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (c.rank == 0)
             decide_level<T, false>(c, s, 20, SAMPLE_BINS, 0, 0, Query{false, 0, k, false}, false);
         cluster_sync();
-        if (s.d.above + s.d.mass <= SAMPLE_LIST) {
+        if (s.d.above + s.d.mass <= SORT_LIST) {
             const u32 low = s.d.bin << 20;
             gather_into_rank0(c, s, [=](u32 key) { return key >= low; });
             cluster_sync();
