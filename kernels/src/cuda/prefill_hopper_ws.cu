@@ -1,0 +1,295 @@
+// Paged prefill attention on Hopper (sm_90a) with a producer warpgroup: prefill_hopper.cu's
+// products, softmax and overlap, fed the way FlashAttention-3 feeds them ("warp specialization",
+// Shah et al., 2024).
+//
+// Why: in prefill_hopper.cu every thread copies the next tile and waits for its own copies, and
+// a block-wide barrier a tile publishes them. The profiler shows that kernel latency-bound, its
+// warps stalled on that barrier and on their copies, the tensor cores idle two thirds of the
+// time. Here the copies are a separate warpgroup's job, and the hand-over is per stage:
+//
+//   block = three warpgroups (384 threads): warpgroup 0 the producer, warpgroups 1 and 2 the
+//   consumers, owning rows 0..63 and 64..127 of the block's 128 as the two warpgroups of
+//   prefill_hopper.cu do, with the same step (tile j's Q K^T issued with tile j-1's P V).
+//
+//   The producer walks the tiles ahead of the consumers: for tile j it waits until the stage it
+//   refills is free ("empty" mbarrier), writes the slot table (page_tiles.cuh) and issues
+//   cp.async copies of K and V, each completing on the stage's "full" mbarrier
+//   (cp.async.mbarrier.arrive). Nobody waits for a copy but the warps that read it.
+//   K and its slot table use a ring of two stages, V a ring of three: a consumer releases tile
+//   j's K and table once its scores are masked in step j, and tile j's V only in step j+1,
+//   after the P V that reads it.
+//
+//   setmaxnreg moves registers from the producer (which needs few) to the consumers (which hold
+//   the 64 x 128 scores and output accumulators of their rows).
+//
+// No block-wide barrier after the start. Where the walk ends early (causally, the first tile
+// wholly in the future of the block's last row), the producer still publishes that tile's slot
+// table, without copies, and stops: the consumers read the same `start` and stop there too, so
+// every barrier a warp waits on is one that the other side completes.
+
+#define WS_THREADS 384
+#define WS_PRODUCER_THREADS 128
+#define WS_CONSUMER_WARPS 8
+// Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
+// rounded down to a multiple of 8): 128 x 32 + 256 x 232. ptxas compiles each side to its own
+// limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24.
+#define WS_PRODUCER_REGS 32
+#define WS_CONSUMER_REGS 232
+// The named barrier the producer's threads meet at (0 is __syncthreads').
+#define WS_PRODUCER_BARRIER 1
+
+struct WsShared {
+    bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
+    bf16 k[2][HOP_N * HOP_D];
+    bf16 v[3][HOP_N * HOP_D];
+    SlotTable<HOP_N> tab[2];  // with K's stages: tile j's table is released with its K
+    int dense[2];             // whether tile j's every slot holds the next token
+    u64 full_k[2], empty_k[2], full_v[3], empty_v[3];
+    int reduce[WS_THREADS / 32];
+};
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)),
+                 "r"(count)
+                 : "memory");
+}
+
+// Arrives on `bar` (release: this thread's earlier writes are seen by whoever waits for it).
+__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// Arrives on `bar` once every cp.async this thread has issued so far has landed. `noinc`: the
+// arrival counts against the count `bar` was initialised with.
+__device__ __forceinline__ void cp_async_arrive(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// Waits until the phase of parity `parity` of `bar` has completed (acquire).
+__device__ __forceinline__ void mbarrier_wait(u64* bar, int parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// The producer's 128 threads meet; true when `pred` holds for all of them.
+__device__ __forceinline__ bool producer_all(bool pred) {
+    u32 all;
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\n"
+        "bar.red.and.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(all)
+        : "r"((u32)pred), "n"(WS_PRODUCER_BARRIER), "n"(WS_PRODUCER_THREADS)
+        : "memory");
+    return all;
+}
+
+// Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... and the Q tile with the
+// first. Tile j's K and slot table go to stage j % 2 once both consumers released tile j-2's;
+// its V to stage j % 3 once they released tile j-3's. The parity a wait names is that of the
+// stage's use: its (j / stages)-th completion.
+struct WsProducer {
+    WsShared& s;
+    const bf16* k_cache;
+    const bf16* v_cache;
+    const int* page_ids;
+    const int* page_lens;
+    int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
+    int q_hi;  // the last KV index the block's last row sees
+
+    // Q's copies are passed in as a function so that they ride on tile 0's full barrier.
+    template <class LoadQ>
+    __device__ __forceinline__ void run(LoadQ load_q) {
+        SlotWalker walker{0};
+        for (int j = 0; j < num_tiles; ++j) {
+            const int ks = j & 1, vs = j % 3;
+            if (j >= 2) mbarrier_wait(&s.empty_k[ks], ((j >> 1) & 1) ^ 1);
+            const int start = walker.base;
+            describe_tile<HOP_N>(s.tab[ks], j, walker, page_ids, page_lens, num_entries,
+                                 page_size, page_shift, num_pages, num_kv_heads, kv_head);
+            // The meeting also makes the table whole before any thread copies by it, and keeps
+            // a thread from rewriting table j + 2 while another still copies by table j.
+            const bool dense = producer_all(s.tab[ks].logical[threadIdx.x] == start + threadIdx.x);
+            if (threadIdx.x == 0) s.dense[ks] = dense;
+            mbarrier_arrive(&s.full_k[ks]);  // the table
+            const bool stop = start > q_hi;  // causal: this tile and all later are future
+            if (!stop) {
+                if (j == 0) load_q();
+                hopper_load_kv<WS_PRODUCER_THREADS>(s.k[ks], nullptr, s.tab[ks].row, k_cache, nullptr);
+            }
+            cp_async_arrive(&s.full_k[ks]);  // the copies (none when stopping)
+            if (stop) break;
+            if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
+            hopper_load_kv<WS_PRODUCER_THREADS>(nullptr, s.v[vs], s.tab[ks].row, nullptr, v_cache);
+            cp_async_arrive(&s.full_v[vs]);
+        }
+        // Every copy is waited for by the consumers; this only keeps none in flight at exit.
+        cp_async_wait_all();
+    }
+};
+
+// A consumer warpgroup's walk over the KV tiles: prefill_hopper.cu's step, with the stage
+// hand-over of mbarriers in place of the block-wide barrier.
+struct WsConsumer {
+    WsShared& s;
+    int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
+    int q_lo, q_hi;  // the same for the block's first and last rows
+    u32 q_addr;      // this warpgroup's first Q row in shared memory
+    float scale;     // sm_scale in log2 units
+    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+    u32 pa[HOP_N / 16][4];     // the previous tile's P
+    float m[2], l[2];
+
+    // Waits for tile j's V; its shared address.
+    __device__ __forceinline__ u32 wait_v(const int j) {
+        mbarrier_wait(&s.full_v[j % 3], (j / 3) & 1);
+        return shared_address(s.v[j % 3]);
+    }
+
+    // Releases a stage: every lane of the warp is done with it (its wgmmas waited for, its
+    // reads of the slot table made), then one arrival a warp.
+    __device__ __forceinline__ void release(u64* bar) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
+    }
+
+    // One tile: false when causality ends the walk before it.
+    template <bool FIRST>
+    __device__ __forceinline__ bool step(const int j) {
+        const int ks = j & 1;
+        mbarrier_wait(&s.full_k[ks], (j >> 1) & 1);
+        if (s.tab[ks].start > q_hi) return false;
+        u32 v_addr = 0;
+        if constexpr (!FIRST) v_addr = wait_v(j - 1);
+        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
+        // async proxy: the mbarriers' acquire orders the copies before this thread's later
+        // accesses, and the proxy fence extends that order to its wgmma reads.
+        fence_async_shared();
+        float sc[HOP_N / 2];
+        fence_registers(sc);
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        wgmma_fence();
+        issue_scores(sc, q_addr, shared_address(s.k[ks]));
+        if constexpr (!FIRST) issue_pv(o_lo, o_hi, pa, v_addr);
+        wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
+        fence_registers(sc);
+
+        mask_tile(sc, s.tab[ks], s.dense[ks], q_lo, q_index);
+        release(&s.empty_k[ks]);
+        float alpha[2];
+        online_softmax(sc, m, l, alpha, scale);
+
+        // Once the previous P V is done: its V is free; rescale O, keep this tile's P.
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        fence_registers(pa);
+        if constexpr (!FIRST) release(&s.empty_v[(j - 1) % 3]);
+        keep_probabilities(o_lo, o_hi, pa, sc, alpha);
+        return true;
+    }
+
+    // The last tile's P V, once the walk has computed `done` tiles' scores. Its V stage needs
+    // no release: the producer has stopped.
+    __device__ __forceinline__ void finish(const int done) {
+        if (done == 0) return;
+        const u32 v_addr = wait_v(done - 1);
+        fence_async_shared();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        wgmma_fence();
+        issue_pv(o_lo, o_hi, pa, v_addr);
+        wgmma_wait<0>();
+        fence_registers(o_lo);
+        fence_registers(o_hi);
+        fence_registers(pa);
+    }
+};
+
+// One block an SM: 128 rows, 128-slot tiles, a producer and two consumer warpgroups.
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
+    const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
+    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
+    float sm_scale, int causal) {
+    // The swizzle repeats every 1024 bytes, so the tiles start on a 1024-byte boundary.
+    extern __shared__ unsigned char raw_smem[];
+    const u32 raw = shared_address(raw_smem);
+    auto& s = *reinterpret_cast<WsShared*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
+
+    const int seq = blockIdx.y, kv_head = blockIdx.z;
+    const int group = num_q_heads / num_kv_heads;
+    const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
+    const int rows = q_len * group;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;  // long causal tiles start first
+    if (row0 >= rows) return;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;
+    if (tid == 0) {
+        // full_k: each producer thread arrives once for the slot table, once for its copies.
+        for (int i = 0; i < 2; ++i) {
+            mbarrier_init(&s.full_k[i], 2 * WS_PRODUCER_THREADS);
+            mbarrier_init(&s.empty_k[i], WS_CONSUMER_WARPS);
+        }
+        for (int i = 0; i < 3; ++i) {
+            mbarrier_init(&s.full_v[i], WS_PRODUCER_THREADS);
+            mbarrier_init(&s.empty_v[i], WS_CONSUMER_WARPS);
+        }
+    }
+    // Its block-wide barrier also publishes the mbarriers' initialisation.
+    const SequencePages sp =
+        sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, s.reduce);
+    const int kv_len = sp.kv_len;
+    const int num_tiles = count_tiles<HOP_N>(sp.num_entries, page_size);
+    const int last_row = min(rows, row0 + HOP_M) - 1;
+    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
+        WsProducer p{s, k_cache, v_cache, sp.page_ids, sp.page_lens, sp.num_entries,
+                     page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles, q_hi};
+        p.run([&] { hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads); });
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
+
+    // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
+    const int c = wg - 1;  // consumer: rows 64 c ..
+    const int my_row = c * 64 + (warp & 3) * 16 + (lane >> 2);
+    int q_index[2], q_token[2];
+    hopper_thread_rows(my_row, row0, rows, group, causal, kv_len, q_len, q_token, q_index);
+    const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
+
+    const u32 q_addr = shared_address(s.q) + c * 64 * 128;
+    WsConsumer w{s, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
+    w.m[0] = w.m[1] = neg_inf();
+    w.l[0] = w.l[1] = 0.f;
+    int done = 0;  // tiles whose scores are computed
+    if (num_tiles > 0 && w.step<true>(0)) {
+        done = 1;
+        while (done < num_tiles && w.step<false>(done)) ++done;
+    }
+    w.finish(done);
+    hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,
+                      q0, num_q_heads);
+}
