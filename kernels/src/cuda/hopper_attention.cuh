@@ -14,6 +14,33 @@
 #define HOP_M 128
 #define HOP_N 128
 
+// The block's shared memory, of type T, from the dynamic allocation `raw`: the swizzle repeats
+// every 1024 bytes, so the tiles start on a 1024-byte boundary (the launch asks for 1 KiB more).
+template <class T>
+__device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
+    const u32 at = (u32)__cvta_generic_to_shared(raw);
+    return *reinterpret_cast<T*>(raw + (((at + 1023) & ~1023u) - at));
+}
+
+// Where a block works: grid = (query tiles, sequences, KV heads), the query tile with the most
+// causal work (the last) first. Its rows are row0.. of the sequence's `rows` (q_len x group).
+struct HopperBlock {
+    int seq, kv_head, group, q0, q_len, rows, row0;
+};
+
+__device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num_q_heads,
+                                                    int num_kv_heads) {
+    HopperBlock b;
+    b.seq = blockIdx.y;
+    b.kv_head = blockIdx.z;
+    b.group = num_q_heads / num_kv_heads;
+    b.q0 = q_indptr[b.seq];
+    b.q_len = q_indptr[b.seq + 1] - b.q0;
+    b.rows = b.q_len * b.group;
+    b.row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;
+    return b;
+}
+
 // Starts the copy of one 128-slot tile of K into `k_dst` and of V into `v_dst`, whose cache rows
 // `rows` lists, done by threads 0..THREADS-1 (empty slots become zeros). A null destination is
 // not copied. Thread t copies chunk t % 16 of rows t / 16 + (THREADS / 16) i: its swizzled
@@ -225,4 +252,62 @@ __device__ __forceinline__ void hopper_store_rows(bf16* out, float* lse, const f
         if (lse != nullptr && (lane & 3) == 0)
             lse[base] = total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
     }
+}
+
+// Issues a step's products: S = Q K^T into `sc` and, after the first tile, the previous tile's
+// O += P V. `q_addr` points at the warpgroup's first Q row, `k_addr` and `v_addr` at the
+// stages of this tile's K and the previous tile's V.
+template <bool FIRST>
+__device__ __forceinline__ void issue_step(float (&sc)[HOP_N / 2], float (&o_lo)[32],
+                                           float (&o_hi)[32], const u32 (&pa)[HOP_N / 16][4],
+                                           u32 q_addr, u32 k_addr, u32 v_addr) {
+    fence_registers(sc);
+    fence_registers(o_lo);
+    fence_registers(o_hi);
+    wgmma_fence();
+    issue_scores(sc, q_addr, k_addr);
+    if constexpr (!FIRST) issue_pv(o_lo, o_hi, pa, v_addr);
+}
+
+// Once the previous P V is done: rescales O and keeps this tile's P (keep_probabilities).
+__device__ __forceinline__ void settle_step(float (&o_lo)[32], float (&o_hi)[32],
+                                            u32 (&pa)[HOP_N / 16][4],
+                                            const float (&sc)[HOP_N / 2],
+                                            const float (&alpha)[2]) {
+    wgmma_wait<0>();
+    fence_registers(o_lo);
+    fence_registers(o_hi);
+    fence_registers(pa);
+    keep_probabilities(o_lo, o_hi, pa, sc, alpha);
+}
+
+// The last tile's O += P V, issued and waited for.
+__device__ __forceinline__ void last_pv(float (&o_lo)[32], float (&o_hi)[32],
+                                        u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
+    fence_registers(o_lo);
+    fence_registers(o_hi);
+    wgmma_fence();
+    issue_pv(o_lo, o_hi, pa, v_addr);
+    wgmma_wait<0>();
+    fence_registers(o_lo);
+    fence_registers(o_hi);
+    fence_registers(pa);
+}
+
+// Runs a warpgroup's walk over up to `num_tiles` KV tiles: clears its output and softmax state,
+// steps (the first tile its own instantiation, with no P V before it) until the tiles or
+// causality end, then issues the last P V. `Walk` has the state (o_lo, o_hi, m, l) and
+// step<FIRST>(j), false when causality ends the walk before tile j, and finish(done).
+template <class Walk>
+__device__ __forceinline__ void hopper_walk(Walk& w, int num_tiles) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
+    w.m[0] = w.m[1] = neg_inf();
+    w.l[0] = w.l[1] = 0.f;
+    int done = 0;  // tiles whose scores are computed
+    if (num_tiles > 0 && w.template step<true>(0)) {
+        done = 1;
+        while (done < num_tiles && w.template step<false>(done)) ++done;
+    }
+    w.finish(done);
 }

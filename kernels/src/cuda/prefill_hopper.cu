@@ -76,13 +76,8 @@ struct HopperWalk {
                                             s.tab[t].logical[tid] == s.tab[t].start + tid);
         if (s.tab[t].start > q_hi) return false;  // causal: this tile and all later are future
         float sc[HOP_N / 2];
-        fence_registers(sc);
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_scores(sc, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]));
-        if constexpr (!FIRST)
-            issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(j + 2) % 3]));
+        issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, (u32)__cvta_generic_to_shared(s.k[j & 1]),
+                          (u32)__cvta_generic_to_shared(s.v[(j + 2) % 3]));
 
         // While the tensor cores multiply: the copies of tile j+1, the slot table of tile j+2
         // (whose reads of the page table would otherwise hold up the products' issue).
@@ -101,26 +96,13 @@ struct HopperWalk {
         float alpha[2];
         online_softmax(sc, m, l, alpha, scale);
 
-        // Once the previous P V is done: rescale O and make this tile's P the pending one.
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
-        keep_probabilities(o_lo, o_hi, pa, sc, alpha);
+        settle_step(o_lo, o_hi, pa, sc, alpha);
         return true;
     }
 
     // The last tile's P V, once the walk has computed `done` tiles' scores.
     __device__ __forceinline__ void finish(const int done) {
-        if (done == 0) return;
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
+        if (done > 0) last_pv(o_lo, o_hi, pa, (u32)__cvta_generic_to_shared(s.v[(done - 1) % 3]));
     }
 };
 
@@ -132,16 +114,10 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal) {
-    // The swizzle repeats every 1024 bytes, so the tiles start on a 1024-byte boundary.
     extern __shared__ unsigned char raw_smem[];
-    const u32 raw = (u32)__cvta_generic_to_shared(raw_smem);
-    auto& s = *reinterpret_cast<HopperShared*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
-
-    const int seq = blockIdx.y, kv_head = blockIdx.z;
-    const int group = num_q_heads / num_kv_heads;
-    const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
-    const int rows = q_len * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;  // long causal tiles start first
+    auto& s = aligned_shared<HopperShared>(raw_smem);
+    const auto [seq, kv_head, group, q0, q_len, rows, row0] =
+        hopper_block(q_indptr, num_q_heads, num_kv_heads);
     if (row0 >= rows) return;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -178,16 +154,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
                  page_shift, num_pages, num_kv_heads, kv_head, num_tiles,
                  {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E,
                  walker};
-#pragma unroll
-    for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
-    w.m[0] = w.m[1] = neg_inf();
-    w.l[0] = w.l[1] = 0.f;
-    int done = 0;  // tiles whose scores are computed
-    if (num_tiles > 0 && w.step<true>(0)) {
-        done = 1;
-        while (done < num_tiles && w.step<false>(done)) ++done;
-    }
-    w.finish(done);
+    hopper_walk(w, num_tiles);
     cp_async_wait_all();
 
     hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,

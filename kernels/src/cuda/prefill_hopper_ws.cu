@@ -98,10 +98,10 @@ __device__ __forceinline__ bool producer_all(bool pred) {
     return all;
 }
 
-// Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... and the Q tile with the
-// first. Tile j's K and slot table go to stage j % 2 once both consumers released tile j-2's;
-// its V to stage j % 3 once they released tile j-3's. The parity a wait names is that of the
-// stage's use: its (j / stages)-th completion.
+// Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... Tile j's K and slot table
+// go to stage j % 2 once both consumers released tile j-2's, its V to stage j % 3 once they
+// released tile j-3's. The parity a wait names is that of the stage's use: its
+// (j / stages)-th completion.
 struct WsProducer {
     WsShared& s;
     const bf16* k_cache;
@@ -111,9 +111,8 @@ struct WsProducer {
     int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
     int q_hi;  // the last KV index the block's last row sees
 
-    // Q's copies are passed in as a function so that they ride on tile 0's full barrier.
-    template <class LoadQ>
-    __device__ __forceinline__ void run(LoadQ load_q) {
+    // The walk; Q's copies, issued before, complete on tile 0's full barrier with its K.
+    __device__ __forceinline__ void run() {
         SlotWalker walker{0};
         for (int j = 0; j < num_tiles; ++j) {
             const int ks = j & 1, vs = j % 3;
@@ -123,14 +122,14 @@ struct WsProducer {
                                  page_size, page_shift, num_pages, num_kv_heads, kv_head);
             // The meeting also makes the table whole before any thread copies by it, and keeps
             // a thread from rewriting table j + 2 while another still copies by table j.
-            const bool dense = producer_all(s.tab[ks].logical[threadIdx.x] == start + threadIdx.x);
+            const int c = threadIdx.x;
+            const bool dense = producer_all(s.tab[ks].logical[c] == start + c);
             if (threadIdx.x == 0) s.dense[ks] = dense;
             mbarrier_arrive(&s.full_k[ks]);  // the table
             const bool stop = start > q_hi;  // causal: this tile and all later are future
-            if (!stop) {
-                if (j == 0) load_q();
-                hopper_load_kv<WS_PRODUCER_THREADS>(s.k[ks], nullptr, s.tab[ks].row, k_cache, nullptr);
-            }
+            if (!stop)
+                hopper_load_kv<WS_PRODUCER_THREADS>(s.k[ks], nullptr, s.tab[ks].row, k_cache,
+                                                    nullptr);
             cp_async_arrive(&s.full_k[ks]);  // the copies (none when stopping)
             if (stop) break;
             if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
@@ -180,12 +179,7 @@ struct WsConsumer {
         // accesses, and the proxy fence extends that order to its wgmma reads.
         fence_async_shared();
         float sc[HOP_N / 2];
-        fence_registers(sc);
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_scores(sc, q_addr, shared_address(s.k[ks]));
-        if constexpr (!FIRST) issue_pv(o_lo, o_hi, pa, v_addr);
+        issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, shared_address(s.k[ks]), v_addr);
         wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
         fence_registers(sc);
 
@@ -194,13 +188,8 @@ struct WsConsumer {
         float alpha[2];
         online_softmax(sc, m, l, alpha, scale);
 
-        // Once the previous P V is done: its V is free; rescale O, keep this tile's P.
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
-        if constexpr (!FIRST) release(&s.empty_v[(j - 1) % 3]);
-        keep_probabilities(o_lo, o_hi, pa, sc, alpha);
+        settle_step(o_lo, o_hi, pa, sc, alpha);
+        if constexpr (!FIRST) release(&s.empty_v[(j - 1) % 3]);  // the P V that read it is done
         return true;
     }
 
@@ -210,14 +199,7 @@ struct WsConsumer {
         if (done == 0) return;
         const u32 v_addr = wait_v(done - 1);
         fence_async_shared();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        wgmma_fence();
-        issue_pv(o_lo, o_hi, pa, v_addr);
-        wgmma_wait<0>();
-        fence_registers(o_lo);
-        fence_registers(o_hi);
-        fence_registers(pa);
+        last_pv(o_lo, o_hi, pa, v_addr);
     }
 };
 
@@ -229,16 +211,10 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal) {
-    // The swizzle repeats every 1024 bytes, so the tiles start on a 1024-byte boundary.
     extern __shared__ unsigned char raw_smem[];
-    const u32 raw = shared_address(raw_smem);
-    auto& s = *reinterpret_cast<WsShared*>(raw_smem + (((raw + 1023) & ~1023u) - raw));
-
-    const int seq = blockIdx.y, kv_head = blockIdx.z;
-    const int group = num_q_heads / num_kv_heads;
-    const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0;
-    const int rows = q_len * group;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;  // long causal tiles start first
+    auto& s = aligned_shared<WsShared>(raw_smem);
+    const auto [seq, kv_head, group, q0, q_len, rows, row0] =
+        hopper_block(q_indptr, num_q_heads, num_kv_heads);
     if (row0 >= rows) return;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -266,7 +242,8 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
         WsProducer p{s, k_cache, v_cache, sp.page_ids, sp.page_lens, sp.num_entries,
                      page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles, q_hi};
-        p.run([&] { hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads); });
+        hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads);
+        p.run();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
@@ -280,16 +257,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
 
     const u32 q_addr = shared_address(s.q) + c * 64 * 128;
     WsConsumer w{s, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
-#pragma unroll
-    for (int i = 0; i < 32; ++i) w.o_lo[i] = w.o_hi[i] = 0.f;
-    w.m[0] = w.m[1] = neg_inf();
-    w.l[0] = w.l[1] = 0.f;
-    int done = 0;  // tiles whose scores are computed
-    if (num_tiles > 0 && w.step<true>(0)) {
-        done = 1;
-        while (done < num_tiles && w.step<false>(done)) ++done;
-    }
-    w.finish(done);
+    hopper_walk(w, num_tiles);
     hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,
                       q0, num_q_heads);
 }
