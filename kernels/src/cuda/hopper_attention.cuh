@@ -281,17 +281,28 @@ __device__ __forceinline__ void settle_step(float (&o_lo)[32], float (&o_hi)[32]
     keep_probabilities(o_lo, o_hi, pa, sc, alpha);
 }
 
-// The last tile's O += P V, issued and waited for.
-__device__ __forceinline__ void last_pv(float (&o_lo)[32], float (&o_hi)[32],
-                                        u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
+// Issues the last tile's O += P V; settle_last_pv waits for it.
+__device__ __forceinline__ void issue_last_pv(float (&o_lo)[32], float (&o_hi)[32],
+                                              const u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
     fence_registers(o_lo);
     fence_registers(o_hi);
     wgmma_fence();
     issue_pv(o_lo, o_hi, pa, v_addr);
+}
+
+__device__ __forceinline__ void settle_last_pv(float (&o_lo)[32], float (&o_hi)[32],
+                                               u32 (&pa)[HOP_N / 16][4]) {
     wgmma_wait<0>();
     fence_registers(o_lo);
     fence_registers(o_hi);
     fence_registers(pa);
+}
+
+// The last tile's O += P V, issued and waited for.
+__device__ __forceinline__ void last_pv(float (&o_lo)[32], float (&o_hi)[32],
+                                        u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
+    issue_last_pv(o_lo, o_hi, pa, v_addr);
+    settle_last_pv(o_lo, o_hi, pa);
 }
 
 // Runs a warpgroup's walk over up to `num_tiles` KV tiles: clears its output and softmax state,

@@ -22,10 +22,22 @@
 //   setmaxnreg moves registers from the producer (which needs few) to the consumers (which hold
 //   the 64 x 128 scores and output accumulators of their rows).
 //
+//   The consumers take turns at the tensor cores ("ping-pong", FlashAttention-3 section 3.1,
+//   https://arxiv.org/abs/2407.08608). Left alone, both are released by the same full barrier,
+//   issue their products together and then both compute their softmax while the tensor cores
+//   idle. Here a consumer issues a step's products only on its turn and hands the turn over
+//   once they are issued: consumer 0's tile j, consumer 1's tile j, consumer 0's tile j + 1, ...
+//   The tensor cores run in that order, so one consumer's products fill the time of the other's
+//   softmax. A turn is a named barrier a consumer (256 threads: its own 128 wait with bar.sync,
+//   the other's 128 arrive with bar.arrive).
+//
 // No block-wide barrier after the start. Where the walk ends early (causally, the first tile
 // wholly in the future of the block's last row), the producer still publishes that tile's slot
-// table, without copies, and stops: the consumers read the same `start` and stop there too, so
-// every barrier a warp waits on is one that the other side completes.
+// table, without copies, and stops: both consumers read the same `start` and stop there too, so
+// every barrier a warp waits on is one that the other side completes. For the turns this means
+// both consumers take the same number (one a tile walked, one for the last P V): consumer 0
+// takes its first without waiting and consumer 1 hands none over after its last, so each
+// arrival meets a wait and no barrier is left half-completed at exit.
 
 #define WS_THREADS 384
 #define WS_PRODUCER_THREADS 128
@@ -35,8 +47,11 @@
 // limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24.
 #define WS_PRODUCER_REGS 32
 #define WS_CONSUMER_REGS 232
-// The named barrier the producer's threads meet at (0 is __syncthreads').
+// The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
+// for its turn at WS_TURN_BARRIER + c.
 #define WS_PRODUCER_BARRIER 1
+#define WS_TURN_BARRIER 2
+#define WS_CONSUMER_THREADS 256
 
 struct WsShared {
     bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
@@ -98,6 +113,16 @@ __device__ __forceinline__ bool producer_all(bool pred) {
     return all;
 }
 
+// Waits at named barrier `id` until `WS_CONSUMER_THREADS` threads have arrived or waited there.
+__device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
+}
+
+// Arrives at named barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
+}
+
 // Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... Tile j's K and slot table
 // go to stage j % 2 once both consumers released tile j-2's, its V to stage j % 3 once they
 // released tile j-3's. The parity a wait names is that of the stage's use: its
@@ -142,9 +167,10 @@ struct WsProducer {
 };
 
 // A consumer warpgroup's walk over the KV tiles: prefill_hopper.cu's step, with the stage
-// hand-over of mbarriers in place of the block-wide barrier.
+// hand-over of mbarriers in place of the block-wide barrier and the products issued in turns.
 struct WsConsumer {
     WsShared& s;
+    int c;           // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
     int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
     int q_lo, q_hi;  // the same for the block's first and last rows
     u32 q_addr;      // this warpgroup's first Q row in shared memory
@@ -166,7 +192,21 @@ struct WsConsumer {
         if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
     }
 
-    // One tile: false when causality ends the walk before it.
+    // Waits until this consumer may issue products. Consumer 0's first turn is its own.
+    template <bool FIRST>
+    __device__ __forceinline__ void take_turn() {
+        if (!FIRST || c == 1) named_barrier_sync(WS_TURN_BARRIER + c);
+    }
+
+    // Hands the turn to the other consumer, whose wait needs this warpgroup's 128 arrivals.
+    // After consumer 1's last products (LAST) there is no turn to hand over.
+    template <bool LAST>
+    __device__ __forceinline__ void pass_turn() {
+        if (!LAST || c == 0) named_barrier_arrive(WS_TURN_BARRIER + (c ^ 1));
+    }
+
+    // One tile: false when causality ends the walk before it. The data are waited for, and the
+    // stop decided, before the turn: a consumer that stops takes no turn for this tile.
     template <bool FIRST>
     __device__ __forceinline__ bool step(const int j) {
         const int ks = j & 1;
@@ -179,7 +219,9 @@ struct WsConsumer {
         // accesses, and the proxy fence extends that order to its wgmma reads.
         fence_async_shared();
         float sc[HOP_N / 2];
+        take_turn<FIRST>();
         issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, shared_address(s.k[ks]), v_addr);
+        pass_turn<false>();
         wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
         fence_registers(sc);
 
@@ -193,13 +235,17 @@ struct WsConsumer {
         return true;
     }
 
-    // The last tile's P V, once the walk has computed `done` tiles' scores. Its V stage needs
-    // no release: the producer has stopped.
+    // The last tile's P V, once the walk has computed `done` tiles' scores: a turn of its own
+    // (none when no tile was walked, as then neither consumer took any). Its V stage needs no
+    // release: the producer has stopped.
     __device__ __forceinline__ void finish(const int done) {
         if (done == 0) return;
         const u32 v_addr = wait_v(done - 1);
         fence_async_shared();
-        last_pv(o_lo, o_hi, pa, v_addr);
+        take_turn<false>();
+        issue_last_pv(o_lo, o_hi, pa, v_addr);
+        pass_turn<true>();
+        settle_last_pv(o_lo, o_hi, pa);
     }
 };
 
@@ -256,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
 
     const u32 q_addr = shared_address(s.q) + c * 64 * 128;
-    WsConsumer w{s, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
+    WsConsumer w{s, c, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
     hopper_walk(w, num_tiles);
     hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,
                       q0, num_q_heads);
