@@ -11,10 +11,11 @@
 //   consumers, owning rows 0..63 and 64..127 of the block's 128 as the two warpgroups of
 //   prefill_hopper.cu do, with the same step (tile j's Q K^T issued with tile j-1's P V).
 //
-//   The producer walks the tiles ahead of the consumers: for tile j it waits until the stage it
-//   refills is free ("empty" mbarrier), writes the slot table (page_tiles.cuh) and issues
-//   cp.async copies of K and V, each completing on the stage's "full" mbarrier
-//   (cp.async.mbarrier.arrive). Nobody waits for a copy but the warps that read it.
+//   The producer walks the tiles ahead of the consumers: for tile j it reads the slots from the
+//   page table, waits until the stage it refills is free ("empty" mbarrier), writes the slot
+//   table (page_tiles.cuh) and issues cp.async copies of K and V, each completing on the
+//   stage's "full" mbarrier (cp.async.mbarrier.arrive). Nobody waits for a copy but the warps
+//   that read it.
 //   K and its slot table use a ring of two stages, V a ring of three: a consumer releases tile
 //   j's K and table once its scores are masked in step j, and tile j's V only in step j+1,
 //   after the P V that reads it.
@@ -136,19 +137,27 @@ struct WsProducer {
     int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
     int q_hi;  // the last KV index the block's last row sees
 
+    // This thread's slot of tile j, read from the page table.
+    __device__ __forceinline__ Slot find(const int j, SlotWalker& walker) const {
+        return find_slot<HOP_N>(j, walker, page_ids, page_lens, num_entries, page_size,
+                                page_shift, num_pages, num_kv_heads, kv_head);
+    }
+
     // The walk; Q's copies, issued before, complete on tile 0's full barrier with its K.
+    // Tile j + 1's slots are read at the end of tile j, before waiting for their stage: the
+    // page table's latency passes while the consumers still hold it.
     __device__ __forceinline__ void run() {
         SlotWalker walker{0};
+        Slot slot = find(0, walker);
         for (int j = 0; j < num_tiles; ++j) {
             const int ks = j & 1, vs = j % 3;
             if (j >= 2) mbarrier_wait(&s.empty_k[ks], ((j >> 1) & 1) ^ 1);
-            const int start = walker.base;
-            describe_tile<HOP_N>(s.tab[ks], j, walker, page_ids, page_lens, num_entries,
-                                 page_size, page_shift, num_pages, num_kv_heads, kv_head);
+            write_slot(s.tab[ks], slot);
+            const int start = slot.start;
             // The meeting also makes the table whole before any thread copies by it, and keeps
             // a thread from rewriting table j + 2 while another still copies by table j.
             const int c = threadIdx.x;
-            const bool dense = producer_all(s.tab[ks].logical[c] == start + c);
+            const bool dense = producer_all(slot.logical == start + c);
             if (threadIdx.x == 0) s.dense[ks] = dense;
             mbarrier_arrive(&s.full_k[ks]);  // the table
             const bool stop = start > q_hi;  // causal: this tile and all later are future
@@ -160,6 +169,7 @@ struct WsProducer {
             if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
             hopper_load_kv<WS_PRODUCER_THREADS>(nullptr, s.v[vs], s.tab[ks].row, nullptr, v_cache);
             cp_async_arrive(&s.full_v[vs]);
+            if (j + 1 < num_tiles) slot = find(j + 1, walker);
         }
         // Every copy is waited for by the consumers; this only keeps none in flight at exit.
         cp_async_wait_all();
