@@ -273,13 +273,18 @@ fn main() {
         let indptr = gpu.upload(&indptr).unwrap();
         let mut out = gpu.zeros::<bf16>(seqs * len * HQ * D).unwrap();
         let flops = 4.0 * (seqs * HQ * D) as f64 * (len * (len + 1) / 2) as f64;
-        for kernel in [PrefillKernel::Mma, PrefillKernel::Wgmma] {
+        for kernel in [
+            PrefillKernel::Mma,
+            PrefillKernel::Wgmma,
+            PrefillKernel::WgmmaWarpSpecialized,
+        ] {
             if !kernel.runs(&gpu, &s.inputs()) {
                 continue;
             }
             let tag = match kernel {
                 PrefillKernel::Mma => "mma",
                 PrefillKernel::Wgmma => "wgmma",
+                PrefillKernel::WgmmaWarpSpecialized => "wgmma-ws",
             };
             let name = format!("prefill {seqs}x{len} page{page} {tag}");
             let mut run = || {

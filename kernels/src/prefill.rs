@@ -3,8 +3,10 @@
 //! the tile rows as FlashInfer does. The CUDA side is `cuda/prefill_attention.cu`.
 //!
 //! On Hopper, head_dim 128 over a bf16 cache runs `cuda/prefill_hopper.cu` instead: the same
-//! algorithm with its products on warpgroup MMAs (FlashAttention-3's route), 128 rows a block.
-//! [`PrefillKernel`] names the two; [`prefill_attention`] picks the best the device has.
+//! algorithm with its products on warpgroup MMAs (FlashAttention-3's route), 128 rows a block;
+//! `cuda/prefill_hopper_ws.cu` is the same again with a producer warpgroup feeding the two that
+//! compute (FlashAttention-3's warp specialization). [`PrefillKernel`] names them;
+//! [`prefill_attention`] picks the best the device has.
 //!
 //! Without the causal mask, writing the log-sum-exp, either kernel is the shared-prefix half of
 //! cascade attention and attends the pieces of split-KV (see [`crate::merge`]).
@@ -37,10 +39,15 @@ pub enum PrefillKernel {
     /// The same on Hopper's warpgroup MMAs (sm_90a, head_dim 128, bf16 cache): 128 rows a
     /// block, KV tiles of 128 slots, one block a multiprocessor.
     Wgmma,
+    /// [`Self::Wgmma`] with warp specialization: a third warpgroup copies K/V into a ring of
+    /// stages handed over through mbarriers, so the two that compute never wait at a
+    /// block-wide barrier (same inputs as `Wgmma`).
+    WgmmaWarpSpecialized,
 }
 
 impl PrefillKernel {
-    /// The fastest kernel that runs `inputs` on `gpu`.
+    /// The fastest kernel that runs `inputs` on `gpu` (of the two Hopper kernels, the one
+    /// measured faster so far).
     pub fn best<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Self {
         if Self::Wgmma.runs(gpu, inputs) {
             Self::Wgmma
@@ -53,7 +60,7 @@ impl PrefillKernel {
     pub fn runs<C: CacheRead>(self, gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> bool {
         match self {
             Self::Mma => true,
-            Self::Wgmma => {
+            Self::Wgmma | Self::WgmmaWarpSpecialized => {
                 gpu.arch().is_hopper()
                     && inputs.cache.head_dim == 128
                     && inputs.k_cache.fp8_scale().is_none()
@@ -65,7 +72,7 @@ impl PrefillKernel {
     fn block_rows(self) -> usize {
         match self {
             Self::Mma => 64,
-            Self::Wgmma => 128,
+            Self::Wgmma | Self::WgmmaWarpSpecialized => 128,
         }
     }
 
@@ -74,20 +81,21 @@ impl PrefillKernel {
         match self {
             Self::Mma => 128,
             Self::Wgmma => 256,
+            Self::WgmmaWarpSpecialized => 384,
         }
     }
 
     /// Dynamic shared memory a block: none for the `mma.sync` kernel (its arrays are static);
-    /// for the Hopper kernel Q (128 rows), two stages of K and three of V (128 slots, head_dim
-    /// 128, bf16), three slot tables and an int a warp, plus 1 KiB to align the tiles to the
-    /// swizzle's 1024 bytes.
+    /// for the Hopper kernels Q (128 rows), two stages of K and three of V (128 slots, head_dim
+    /// 128, bf16), slot tables (three; two with their flags and the ten mbarriers of the
+    /// stages) and an int a warp, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
     fn shared_bytes(self) -> usize {
+        let tile = 128 * 128 * 2;
+        let table = (2 * 128 + 1) * 4;
         match self {
             Self::Mma => 0,
-            Self::Wgmma => {
-                let tile = 128 * 128 * 2;
-                6 * tile + 3 * (2 * 128 + 1) * 4 + 8 * 4 + 1024
-            }
+            Self::Wgmma => 6 * tile + 3 * table + 8 * 4 + 1024,
+            Self::WgmmaWarpSpecialized => 6 * tile + 2 * (table + 4) + 10 * 8 + 12 * 4 + 1024,
         }
     }
 }
@@ -142,7 +150,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     if !kernel.runs(gpu, inputs) {
         return Err(check::invalid(
             K,
-            "the wgmma kernel needs a Hopper GPU, head_dim 128 and a bf16 cache",
+            "the wgmma kernels need a Hopper GPU, head_dim 128 and a bf16 cache",
         ));
     }
     let tiles = (queries.max_len * inputs.group()).div_ceil(kernel.block_rows());
@@ -153,6 +161,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     check::aligned(K, "output", out_ptr)?;
     let name = match (kernel, d, fp8) {
         (PrefillKernel::Wgmma, _, _) => "prefill_attention_hopper_d128",
+        (PrefillKernel::WgmmaWarpSpecialized, _, _) => "prefill_attention_hopper_ws_d128",
         (_, 32, false) => "prefill_attention_d32",
         (_, 64, false) => "prefill_attention_d64",
         (_, _, false) => "prefill_attention_d128",
@@ -163,6 +172,7 @@ pub fn prefill_attention_on<C: CacheRead>(
     let source = match kernel {
         PrefillKernel::Mma => Source::PrefillAttention,
         PrefillKernel::Wgmma => Source::PrefillHopper,
+        PrefillKernel::WgmmaWarpSpecialized => Source::PrefillHopperWs,
     };
     let f = gpu.function_with(source, name, kernel.shared_bytes())?;
     let ptrs = [

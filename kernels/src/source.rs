@@ -4,6 +4,7 @@ const COMMON: &str = include_str!("cuda/common.cuh");
 const MMA: &str = include_str!("cuda/mma.cuh");
 const PAGE_TILES: &str = include_str!("cuda/page_tiles.cuh");
 const WGMMA: &str = include_str!("cuda/wgmma.cuh");
+const HOPPER_ATTENTION: &str = include_str!("cuda/hopper_attention.cuh");
 
 /// A kernel source file; each becomes one CUDA module, compiled on first use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -13,6 +14,7 @@ pub enum Source {
     RopeStore,
     PrefillAttention,
     PrefillHopper,
+    PrefillHopperWs,
     DecodeAttention,
     Merge,
     SiluMul,
@@ -23,12 +25,13 @@ pub enum Source {
 }
 
 impl Source {
-    pub const ALL: [Source; 12] = [
+    pub const ALL: [Source; 13] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
         Source::PrefillAttention,
         Source::PrefillHopper,
+        Source::PrefillHopperWs,
         Source::DecodeAttention,
         Source::Merge,
         Source::SiluMul,
@@ -45,6 +48,7 @@ impl Source {
             Source::RopeStore => "rope_store.cu",
             Source::PrefillAttention => "prefill_attention.cu",
             Source::PrefillHopper => "prefill_hopper.cu",
+            Source::PrefillHopperWs => "prefill_hopper_ws.cu",
             Source::DecodeAttention => "decode_attention.cu",
             Source::Merge => "merge.cu",
             Source::SiluMul => "silu_mul.cu",
@@ -62,6 +66,7 @@ impl Source {
             Source::RopeStore => include_str!("cuda/rope_store.cu"),
             Source::PrefillAttention => include_str!("cuda/prefill_attention.cu"),
             Source::PrefillHopper => include_str!("cuda/prefill_hopper.cu"),
+            Source::PrefillHopperWs => include_str!("cuda/prefill_hopper_ws.cu"),
             Source::DecodeAttention => include_str!("cuda/decode_attention.cu"),
             Source::Merge => include_str!("cuda/merge.cu"),
             Source::SiluMul => include_str!("cuda/silu_mul.cu"),
@@ -77,7 +82,9 @@ impl Source {
     pub fn text(self) -> String {
         let helpers: &[&str] = match self {
             Source::PrefillAttention => &[MMA, PAGE_TILES],
-            Source::PrefillHopper => &[MMA, PAGE_TILES, WGMMA],
+            Source::PrefillHopper | Source::PrefillHopperWs => {
+                &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION]
+            }
             _ => &[],
         };
         format!("{COMMON}\n{}\n{}", helpers.join("\n"), self.body())
@@ -85,7 +92,7 @@ impl Source {
 
     /// Whether the source uses Hopper-only instructions (compiled for `sm_90a` alone).
     pub fn hopper_only(self) -> bool {
-        self == Source::PrefillHopper
+        matches!(self, Source::PrefillHopper | Source::PrefillHopperWs)
     }
 
     pub(crate) fn index(self) -> usize {

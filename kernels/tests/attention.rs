@@ -182,7 +182,7 @@ fn upload(gpu: &Gpu, p: &Problem) -> Device {
 type Attended = (Vec<f64>, Vec<f64>);
 
 /// Runs prefill attention of `p`'s queries over `seqs` on every prefill kernel the device has
-/// (the mma.sync kernel everywhere, the wgmma one on Hopper); (out, lse) from each.
+/// (the mma.sync kernel everywhere, the two wgmma ones on Hopper); (out, lse) from each.
 fn run_prefill(
     gpu: &Gpu,
     p: &Problem,
@@ -217,25 +217,29 @@ fn prefill_over<C: CacheRead>(
         indptr: q_indptr.as_view(),
         max_len: *p.q_lens.iter().max().unwrap(),
     };
-    [PrefillKernel::Mma, PrefillKernel::Wgmma]
-        .into_iter()
-        .filter(|k| k.runs(gpu, &inputs))
-        .map(|kernel| {
-            let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
-            let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-            prefill_attention_on(
-                gpu,
-                kernel,
-                &inputs,
-                &queries,
-                causal,
-                &mut out,
-                Some(&mut lse),
-            )
-            .unwrap();
-            (kernel, download(gpu, &out, &lse))
-        })
-        .collect()
+    [
+        PrefillKernel::Mma,
+        PrefillKernel::Wgmma,
+        PrefillKernel::WgmmaWarpSpecialized,
+    ]
+    .into_iter()
+    .filter(|k| k.runs(gpu, &inputs))
+    .map(|kernel| {
+        let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+        let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+        prefill_attention_on(
+            gpu,
+            kernel,
+            &inputs,
+            &queries,
+            causal,
+            &mut out,
+            Some(&mut lse),
+        )
+        .unwrap();
+        (kernel, download(gpu, &out, &lse))
+    })
+    .collect()
 }
 
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {

@@ -1,5 +1,5 @@
-// KV tiles over a page table, shared by both prefill kernels (prefill_attention.cu and, on
-// Hopper, prefill_hopper.cu).
+// KV tiles over a page table, shared by the prefill kernels (prefill_attention.cu and, on
+// Hopper, prefill_hopper.cu and prefill_hopper_ws.cu).
 //
 // How the KV of a sequence is described (FlashInfer's page table with a length per entry):
 //   entries kv_indptr[s] .. kv_indptr[s+1] of kv_page_ids / kv_page_lens; entry e holds
@@ -23,12 +23,19 @@ struct SlotWalker {
     int base;  // logical index of the first token of the next tile's first entry
 };
 
-// Fills the slot table of tile `j` (threads 0..TILE-1, one slot each; tiles in order).
+// This thread's slot of a tile, as its table will hold it.
+struct Slot {
+    int logical, row;
+    int start;  // the tile's first logical index
+};
+
+// Reads this thread's slot of tile `j` from the page table (threads 0..TILE-1, one slot each;
+// tiles in order: it advances `w`).
 template <int TILE>
-__device__ __forceinline__ void describe_tile(SlotTable<TILE>& t, int j, SlotWalker& w,
-                                              const int* page_ids, const int* page_lens,
-                                              int num_entries, int page_size, int page_shift,
-                                              int num_pages, int num_kv_heads, int kv_head) {
+__device__ __forceinline__ Slot find_slot(int j, SlotWalker& w, const int* page_ids,
+                                          const int* page_lens, int num_entries, int page_size,
+                                          int page_shift, int num_pages, int num_kv_heads,
+                                          int kv_head) {
     // Page sizes and TILE are powers of two: shifts instead of divisions.
     constexpr int TILE_SHIFT = TILE == 128 ? 7 : TILE == 64 ? 6 : TILE == 32 ? 5 : 4;
     static_assert((1 << TILE_SHIFT) == TILE, "TILE is a power of two from 16 to 128");
@@ -59,10 +66,28 @@ __device__ __forceinline__ void describe_tile(SlotTable<TILE>& t, int j, SlotWal
             row = (page * num_kv_heads + kv_head) * page_size + offset;
         }
     }
-    t.logical[c] = logical;
-    t.row[c] = row;
-    if (c == 0) t.start = w.base;
+    const Slot slot{logical, row, w.base};
     if (!big || sub == tiles_per_entry - 1) w.base += advance;
+    return slot;
+}
+
+// Writes this thread's slot into the table (thread 0 also the tile's start).
+template <int TILE>
+__device__ __forceinline__ void write_slot(SlotTable<TILE>& t, const Slot& slot) {
+    const int c = threadIdx.x;
+    t.logical[c] = slot.logical;
+    t.row[c] = slot.row;
+    if (c == 0) t.start = slot.start;
+}
+
+// Fills the slot table of tile `j` (threads 0..TILE-1, one slot each; tiles in order).
+template <int TILE>
+__device__ __forceinline__ void describe_tile(SlotTable<TILE>& t, int j, SlotWalker& w,
+                                              const int* page_ids, const int* page_lens,
+                                              int num_entries, int page_size, int page_shift,
+                                              int num_pages, int num_kv_heads, int kv_head) {
+    write_slot(t, find_slot<TILE>(j, w, page_ids, page_lens, num_entries, page_size, page_shift,
+                                  num_pages, num_kv_heads, kv_head));
 }
 
 // How many TILE-slot tiles cover a sequence's `num_entries` page-table entries.

@@ -1,0 +1,319 @@
+// Paged prefill attention on Hopper (sm_90a) with a producer warpgroup: prefill_hopper.cu's
+// products, softmax and overlap, fed the way FlashAttention-3 feeds them ("warp specialization",
+// Shah et al., 2024).
+//
+// Why: in prefill_hopper.cu every thread copies the next tile and waits for its own copies, and
+// a block-wide barrier a tile publishes them. The profiler shows that kernel latency-bound, its
+// warps stalled on that barrier and on their copies, the tensor cores idle two thirds of the
+// time. Here the copies are a separate warpgroup's job, and the hand-over is per stage:
+//
+//   block = three warpgroups (384 threads): warpgroup 0 the producer, warpgroups 1 and 2 the
+//   consumers, owning rows 0..63 and 64..127 of the block's 128 as the two warpgroups of
+//   prefill_hopper.cu do, with the same step (tile j's Q K^T issued with tile j-1's P V).
+//
+//   The producer walks the tiles ahead of the consumers: for tile j it reads the slots from the
+//   page table, waits until the stage it refills is free ("empty" mbarrier), writes the slot
+//   table (page_tiles.cuh) and issues cp.async copies of K and V, each completing on the
+//   stage's "full" mbarrier (cp.async.mbarrier.arrive). Nobody waits for a copy but the warps
+//   that read it.
+//   K and its slot table use a ring of two stages, V a ring of three: a consumer releases tile
+//   j's K and table once its scores are masked in step j, and tile j's V only in step j+1,
+//   after the P V that reads it.
+//
+//   setmaxnreg moves registers from the producer (which needs few) to the consumers (which hold
+//   the 64 x 128 scores and output accumulators of their rows).
+//
+//   The consumers take turns at the tensor cores ("ping-pong", FlashAttention-3 section 3.1,
+//   https://arxiv.org/abs/2407.08608). Left alone, both are released by the same full barrier,
+//   issue their products together and then both compute their softmax while the tensor cores
+//   idle. Here a consumer issues a step's products only on its turn and hands the turn over
+//   once they are issued: consumer 0's tile j, consumer 1's tile j, consumer 0's tile j + 1, ...
+//   The tensor cores run in that order, so one consumer's products fill the time of the other's
+//   softmax. A turn is a named barrier a consumer (256 threads: its own 128 wait with bar.sync,
+//   the other's 128 arrive with bar.arrive).
+//
+// No block-wide barrier after the start. Where the walk ends early (causally, the first tile
+// wholly in the future of the block's last row), the producer still publishes that tile's slot
+// table, without copies, and stops: both consumers read the same `start` and stop there too, so
+// every barrier a warp waits on is one that the other side completes. For the turns this means
+// both consumers take the same number (one a tile walked, one for the last P V): consumer 0
+// takes its first without waiting and consumer 1 hands none over after its last, so each
+// arrival meets a wait and no barrier is left half-completed at exit.
+
+#define WS_THREADS 384
+#define WS_PRODUCER_THREADS 128
+#define WS_CONSUMER_WARPS 8
+// Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
+// rounded down to a multiple of 8): 128 x 32 + 256 x 232. ptxas compiles each side to its own
+// limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24.
+#define WS_PRODUCER_REGS 32
+#define WS_CONSUMER_REGS 232
+// The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
+// for its turn at WS_TURN_BARRIER + c.
+#define WS_PRODUCER_BARRIER 1
+#define WS_TURN_BARRIER 2
+#define WS_CONSUMER_THREADS 256
+
+struct WsShared {
+    bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
+    bf16 k[2][HOP_N * HOP_D];
+    bf16 v[3][HOP_N * HOP_D];
+    SlotTable<HOP_N> tab[2];  // with K's stages: tile j's table is released with its K
+    int dense[2];             // whether tile j's every slot holds the next token
+    u64 full_k[2], empty_k[2], full_v[3], empty_v[3];
+    int reduce[WS_THREADS / 32];
+};
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)),
+                 "r"(count)
+                 : "memory");
+}
+
+// Arrives on `bar` (release: this thread's earlier writes are seen by whoever waits for it).
+__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// Arrives on `bar` once every cp.async this thread has issued so far has landed. `noinc`: the
+// arrival counts against the count `bar` was initialised with.
+__device__ __forceinline__ void cp_async_arrive(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                     shared_address(bar))
+                 : "memory");
+}
+
+// Waits until the phase of parity `parity` of `bar` has completed (acquire).
+__device__ __forceinline__ void mbarrier_wait(u64* bar, int parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(shared_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// The producer's 128 threads meet; true when `pred` holds for all of them.
+__device__ __forceinline__ bool producer_all(bool pred) {
+    u32 all;
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\n"
+        "bar.red.and.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(all)
+        : "r"((u32)pred), "n"(WS_PRODUCER_BARRIER), "n"(WS_PRODUCER_THREADS)
+        : "memory");
+    return all;
+}
+
+// Waits at named barrier `id` until `WS_CONSUMER_THREADS` threads have arrived or waited there.
+__device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
+}
+
+// Arrives at named barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
+}
+
+// Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... Tile j's K and slot table
+// go to stage j % 2 once both consumers released tile j-2's, its V to stage j % 3 once they
+// released tile j-3's. The parity a wait names is that of the stage's use: its
+// (j / stages)-th completion.
+struct WsProducer {
+    WsShared& s;
+    const bf16* k_cache;
+    const bf16* v_cache;
+    const int* page_ids;
+    const int* page_lens;
+    int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
+    int q_hi;  // the last KV index the block's last row sees
+
+    // This thread's slot of tile j, read from the page table.
+    __device__ __forceinline__ Slot find(const int j, SlotWalker& walker) const {
+        return find_slot<HOP_N>(j, walker, page_ids, page_lens, num_entries, page_size,
+                                page_shift, num_pages, num_kv_heads, kv_head);
+    }
+
+    // The walk; Q's copies, issued before, complete on tile 0's full barrier with its K.
+    // Tile j + 1's slots are read at the end of tile j, before waiting for their stage: the
+    // page table's latency passes while the consumers still hold it.
+    __device__ __forceinline__ void run() {
+        SlotWalker walker{0};
+        Slot slot = find(0, walker);
+        for (int j = 0; j < num_tiles; ++j) {
+            const int ks = j & 1, vs = j % 3;
+            if (j >= 2) mbarrier_wait(&s.empty_k[ks], ((j >> 1) & 1) ^ 1);
+            write_slot(s.tab[ks], slot);
+            const int start = slot.start;
+            // The meeting also makes the table whole before any thread copies by it, and keeps
+            // a thread from rewriting table j + 2 while another still copies by table j.
+            const int c = threadIdx.x;
+            const bool dense = producer_all(slot.logical == start + c);
+            if (threadIdx.x == 0) s.dense[ks] = dense;
+            mbarrier_arrive(&s.full_k[ks]);  // the table
+            const bool stop = start > q_hi;  // causal: this tile and all later are future
+            if (!stop)
+                hopper_load_kv<WS_PRODUCER_THREADS>(s.k[ks], nullptr, s.tab[ks].row, k_cache,
+                                                    nullptr);
+            cp_async_arrive(&s.full_k[ks]);  // the copies (none when stopping)
+            if (stop) break;
+            if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
+            hopper_load_kv<WS_PRODUCER_THREADS>(nullptr, s.v[vs], s.tab[ks].row, nullptr, v_cache);
+            cp_async_arrive(&s.full_v[vs]);
+            if (j + 1 < num_tiles) slot = find(j + 1, walker);
+        }
+        // Every copy is waited for by the consumers; this only keeps none in flight at exit.
+        cp_async_wait_all();
+    }
+};
+
+// A consumer warpgroup's walk over the KV tiles: prefill_hopper.cu's step, with the stage
+// hand-over of mbarriers in place of the block-wide barrier and the products issued in turns.
+struct WsConsumer {
+    WsShared& s;
+    int c;           // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
+    int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
+    int q_lo, q_hi;  // the same for the block's first and last rows
+    u32 q_addr;      // this warpgroup's first Q row in shared memory
+    float scale;     // sm_scale in log2 units
+    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+    u32 pa[HOP_N / 16][4];     // the previous tile's P
+    float m[2], l[2];
+
+    // Waits for tile j's V; its shared address.
+    __device__ __forceinline__ u32 wait_v(const int j) {
+        mbarrier_wait(&s.full_v[j % 3], (j / 3) & 1);
+        return shared_address(s.v[j % 3]);
+    }
+
+    // Releases a stage: every lane of the warp is done with it (its wgmmas waited for, its
+    // reads of the slot table made), then one arrival a warp.
+    __device__ __forceinline__ void release(u64* bar) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
+    }
+
+    // Waits until this consumer may issue products. Consumer 0's first turn is its own.
+    template <bool FIRST>
+    __device__ __forceinline__ void take_turn() {
+        if (!FIRST || c == 1) named_barrier_sync(WS_TURN_BARRIER + c);
+    }
+
+    // Hands the turn to the other consumer, whose wait needs this warpgroup's 128 arrivals.
+    // After consumer 1's last products (LAST) there is no turn to hand over.
+    template <bool LAST>
+    __device__ __forceinline__ void pass_turn() {
+        if (!LAST || c == 0) named_barrier_arrive(WS_TURN_BARRIER + (c ^ 1));
+    }
+
+    // One tile: false when causality ends the walk before it. The data are waited for, and the
+    // stop decided, before the turn: a consumer that stops takes no turn for this tile.
+    template <bool FIRST>
+    __device__ __forceinline__ bool step(const int j) {
+        const int ks = j & 1;
+        mbarrier_wait(&s.full_k[ks], (j >> 1) & 1);
+        if (s.tab[ks].start > q_hi) return false;
+        u32 v_addr = 0;
+        if constexpr (!FIRST) v_addr = wait_v(j - 1);
+        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
+        // async proxy: the mbarriers' acquire orders the copies before this thread's later
+        // accesses, and the proxy fence extends that order to its wgmma reads.
+        fence_async_shared();
+        float sc[HOP_N / 2];
+        take_turn<FIRST>();
+        issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, shared_address(s.k[ks]), v_addr);
+        pass_turn<false>();
+        wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
+        fence_registers(sc);
+
+        mask_tile(sc, s.tab[ks], s.dense[ks], q_lo, q_index);
+        release(&s.empty_k[ks]);
+        float alpha[2];
+        online_softmax(sc, m, l, alpha, scale);
+
+        settle_step(o_lo, o_hi, pa, sc, alpha);
+        if constexpr (!FIRST) release(&s.empty_v[(j - 1) % 3]);  // the P V that read it is done
+        return true;
+    }
+
+    // The last tile's P V, once the walk has computed `done` tiles' scores: a turn of its own
+    // (none when no tile was walked, as then neither consumer took any). Its V stage needs no
+    // release: the producer has stopped.
+    __device__ __forceinline__ void finish(const int done) {
+        if (done == 0) return;
+        const u32 v_addr = wait_v(done - 1);
+        fence_async_shared();
+        take_turn<false>();
+        issue_last_pv(o_lo, o_hi, pa, v_addr);
+        pass_turn<true>();
+        settle_last_pv(o_lo, o_hi, pa);
+    }
+};
+
+// One block an SM: 128 rows, 128-slot tiles, a producer and two consumer warpgroups.
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
+    const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
+    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
+    float sm_scale, int causal) {
+    extern __shared__ unsigned char raw_smem[];
+    auto& s = aligned_shared<WsShared>(raw_smem);
+    const auto [seq, kv_head, group, q0, q_len, rows, row0] =
+        hopper_block(q_indptr, num_q_heads, num_kv_heads);
+    if (row0 >= rows) return;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;
+    if (tid == 0) {
+        // full_k: each producer thread arrives once for the slot table, once for its copies.
+        for (int i = 0; i < 2; ++i) {
+            mbarrier_init(&s.full_k[i], 2 * WS_PRODUCER_THREADS);
+            mbarrier_init(&s.empty_k[i], WS_CONSUMER_WARPS);
+        }
+        for (int i = 0; i < 3; ++i) {
+            mbarrier_init(&s.full_v[i], WS_PRODUCER_THREADS);
+            mbarrier_init(&s.empty_v[i], WS_CONSUMER_WARPS);
+        }
+    }
+    // Its block-wide barrier also publishes the mbarriers' initialisation.
+    const SequencePages sp =
+        sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, s.reduce);
+    const int kv_len = sp.kv_len;
+    const int num_tiles = count_tiles<HOP_N>(sp.num_entries, page_size);
+    const int last_row = min(rows, row0 + HOP_M) - 1;
+    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
+        WsProducer p{s, k_cache, v_cache, sp.page_ids, sp.page_lens, sp.num_entries,
+                     page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles, q_hi};
+        hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads);
+        p.run();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
+
+    // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
+    const int c = wg - 1;  // consumer: rows 64 c ..
+    const int my_row = c * 64 + (warp & 3) * 16 + (lane >> 2);
+    int q_index[2], q_token[2];
+    hopper_thread_rows(my_row, row0, rows, group, causal, kv_len, q_len, q_token, q_index);
+    const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
+
+    const u32 q_addr = shared_address(s.q) + c * 64 * 128;
+    WsConsumer w{s, c, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
+    hopper_walk(w, num_tiles);
+    hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,
+                      q0, num_q_heads);
+}
