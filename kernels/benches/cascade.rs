@@ -7,9 +7,10 @@
 //! (tensor cores, the queries of a GQA group folded into its tile rows), each request attends
 //! its own pages with the decode kernel, and the two partial results are merged by
 //! log-sum-exp. A small batch has too few query tiles to fill the GPU, so the "split" variant
-//! also cuts the prefix into parts attended in parallel (the queries repeated once per part,
-//! inside the timed region) and merges the parts. Times are device times between CUDA events,
-//! the median of 15 batches of 10 calls. Without a GPU it says so and exits.
+//! also cuts the prefix into parts attended in parallel (the queries repeated once per part by
+//! one gather, inside the timed region) and merges the parts in a tree, as the CUDA runner
+//! does; the table shows the fastest count of parts (2 to 32). Times are device times between
+//! CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so and exits.
 //!
 //! A second table is one layer's attention in the chunk API's cached composition: 16 new tokens
 //! after a 40-token system prompt and a 1k-16k-token context, one sequence, pages of 256 (the
@@ -22,7 +23,7 @@ mod common;
 use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::gather::gather_rows;
-use kernels::merge::{PartialState, PartialStateMut, merge_pieces_into, merge_state};
+use kernels::merge::{PartialStateMut, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
@@ -103,7 +104,9 @@ fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Ve
 }
 
 /// Cascade: the prefix in `parts` parallel pieces for all queries, the suffixes by decode, and
-/// log-sum-exp merges.
+/// log-sum-exp merges, launched as the CUDA runner launches them: one gather repeats the
+/// queries once per part, one unmasked prefill call attends every part, and the parts merge in
+/// a tree into the suffixes' result (`parts` a power of two).
 fn cascade(
     gpu: &Gpu,
     cache: &Cache,
@@ -120,6 +123,8 @@ fn cascade(
     let shared = shared.upload(gpu).unwrap();
     let indptr: Vec<i32> = (0..=parts).map(|p| (p * batch) as i32).collect();
     let indptr = gpu.upload(&indptr).unwrap();
+    let index: Vec<u32> = (0..parts).flat_map(|_| 0..batch as u32).collect();
+    let index = gpu.upload(&index).unwrap();
     let mut own = HostPageTable::new(PAGE);
     for r in 0..batch {
         own.push_seq(cache.suffix(r));
@@ -129,68 +134,43 @@ fn cascade(
     let mut q_parts = gpu.zeros::<bf16>(parts * rows * D).unwrap();
     let mut o_parts = gpu.zeros::<bf16>(parts * rows * D).unwrap();
     let mut lse_parts = gpu.zeros::<f32>(parts * rows).unwrap();
-    let mut o_own = gpu.zeros::<bf16>(rows * D).unwrap();
-    let mut lse_own = gpu.zeros::<f32>(rows).unwrap();
-    let mut acc = [
-        gpu.zeros::<bf16>(rows * D).unwrap(),
-        gpu.zeros::<bf16>(rows * D).unwrap(),
-    ];
-    let mut acc_lse = [
-        gpu.zeros::<f32>(rows).unwrap(),
-        gpu.zeros::<f32>(rows).unwrap(),
-    ];
+    let mut lse_scratch = gpu.zeros::<f32>(parts * rows).unwrap();
+    let mut o = gpu.zeros::<bf16>(rows * D).unwrap();
+    let mut lse = gpu.zeros::<f32>(rows).unwrap();
     let own_inputs = cache.inputs(q, &own);
     let mut ws = DecodeWorkspace::new(gpu, D).unwrap();
 
     let mut run = || {
-        for p in 0..parts {
-            let mut dst = q_parts.slice_mut(p * rows * D..(p + 1) * rows * D);
-            gpu.stream().memcpy_dtod(q, &mut dst).unwrap();
-        }
+        decode_attention(gpu, &own_inputs, &mut ws, &mut o, Some(&mut lse)).unwrap();
+        gather_rows(gpu, q, batch, &index, &mut q_parts, HQ * D).unwrap();
         let shared_inputs = cache.inputs(&q_parts, &shared);
         let queries = PrefillQueries {
             indptr: indptr.as_view(),
             max_len: batch,
         };
+        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse_parts;
         prefill_attention(
             gpu,
             &shared_inputs,
             &queries,
             false,
             &mut o_parts,
-            Some(&mut lse_parts),
+            Some(lse_out),
         )
         .unwrap();
-        decode_attention(gpu, &own_inputs, &mut ws, &mut o_own, Some(&mut lse_own)).unwrap();
-        for p in 0..parts {
-            let part = PartialState {
-                o: o_parts.slice(p * rows * D..(p + 1) * rows * D),
-                lse: lse_parts.slice(p * rows..(p + 1) * rows),
-            };
-            let (o_prev, o_next) = two(&mut acc, p);
-            let (lse_prev, lse_next) = two(&mut acc_lse, p);
-            let current = if p == 0 {
-                PartialState {
-                    o: o_own.as_view(),
-                    lse: lse_own.as_view(),
-                }
-            } else {
-                PartialState {
-                    o: o_prev.as_view(),
-                    lse: lse_prev.as_view(),
-                }
-            };
-            merge_state(gpu, &current, &part, o_next, Some(lse_next), rows, D).unwrap();
-        }
+        let pieces = PartialStateMut {
+            o: o_parts.as_view_mut(),
+            lse: lse_parts.as_view_mut(),
+        };
+        let scratch = PartialStateMut {
+            o: q_parts.as_view_mut(),
+            lse: lse_scratch.as_view_mut(),
+        };
+        let first = index.slice(..batch);
+        merge_pieces_into(gpu, &mut o, &mut lse, pieces, scratch, parts, &first, HQ, D).unwrap();
     };
     let secs = time(gpu, &mut run);
-    (secs, gpu.download(&acc[(parts - 1) % 2]).unwrap())
-}
-
-/// The accumulator merge `p` reads (written by merge `p - 1`) and the one it writes.
-fn two<T>(pair: &mut [T; 2], p: usize) -> (&T, &mut T) {
-    let [a, b] = pair;
-    if p.is_multiple_of(2) { (b, a) } else { (a, b) }
+    (secs, gpu.download(&o).unwrap())
 }
 
 /// New tokens of the cached composition, and its page size.
@@ -340,17 +320,13 @@ fn main() {
             let q = gpu.upload(&fill(batch * HQ * D, 3)).unwrap();
             let (flat_s, flat_out) = flat(&gpu, &cache, batch, &q);
             let (one_s, _) = cascade(&gpu, &cache, batch, &q, 1);
-            // Enough (tile, part, KV head) blocks for two per multiprocessor, parts >= 1k tokens.
-            let tiles = (batch * HQ / HKV).div_ceil(64);
-            let parts = (2 * gpu.num_sms())
-                .div_ceil(tiles * HKV)
-                .min(cache.prefix_pages * PAGE / 1024)
-                .max(1);
-            let parts = (1..=parts)
-                .rev()
-                .find(|p| cache.prefix_pages.is_multiple_of(*p))
+            // The split: the fastest power of two of parts up to 32, none under 256 tokens.
+            let (parts, (split_s, split_out)) = (1..=5)
+                .map(|e| 1usize << e)
+                .filter(|p| prefix / p >= 256)
+                .map(|p| (p, cascade(&gpu, &cache, batch, &q, p)))
+                .min_by(|a, b| a.1.0.total_cmp(&b.1.0))
                 .unwrap();
-            let (split_s, split_out) = cascade(&gpu, &cache, batch, &q, parts);
             println!(
                 "| {batch} | {prefix} | {:.1} | {:.1} | {:.1} | {parts} | {:.1}x | {:.1}x | {:.1e} |",
                 flat_s * 1e6,
