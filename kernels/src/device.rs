@@ -31,6 +31,8 @@ pub struct Gpu {
     compiler: Compiler,
     modules: [OnceLock<Arc<CudaModule>>; Source::ALL.len()],
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// [`Gpu::clusters_at_once`]'s answers, by kernel.
+    at_once: Mutex<HashMap<&'static str, u32>>,
 }
 
 impl Gpu {
@@ -72,6 +74,7 @@ impl Gpu {
             compiler,
             modules: Default::default(),
             functions: Mutex::new(HashMap::new()),
+            at_once: Mutex::new(HashMap::new()),
         })
     }
 
@@ -282,6 +285,33 @@ impl Gpu {
             .expect("not poisoned")
             .insert(name, f.clone());
         Ok(f)
+    }
+
+    /// How many clusters of `blocks` blocks of `threads` threads of kernel `name` the device holds
+    /// at once (with `blocks` 1, how many blocks), as the driver's occupancy calculator says;
+    /// asked once a kernel, since a launch that picks its shape by it may come every step.
+    pub(crate) fn clusters_at_once(
+        &self,
+        source: Source,
+        name: &'static str,
+        blocks: u32,
+        threads: u32,
+    ) -> Result<u32> {
+        if let Some(&n) = self.at_once.lock().expect("not poisoned").get(name) {
+            return Ok(n);
+        }
+        let f = self.function(source, name)?;
+        let n = if blocks == 1 {
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                .during(format!("occupancy of {name}"))?;
+            per_sm * self.num_sms as u32
+        } else {
+            f.occupancy_max_active_clusters(grid((blocks, 1, 1), threads), &self.stream)
+                .during(format!("occupancy of {name}"))?
+        };
+        self.at_once.lock().expect("not poisoned").insert(name, n);
+        Ok(n)
     }
 
     /// The raw device address of a buffer, for a kernel argument.

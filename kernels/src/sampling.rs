@@ -5,8 +5,8 @@
 //! in vocabulary order with the SplitMix64 uniform of `(seed, step)`), finding the thresholds
 //! by radix selection over the logits' bits instead of sorting. From Hopper on, a row is read
 //! by a cluster of blocks that merge their histograms in each other's shared memory, so that a
-//! batch of 64 rows keeps every SM busy; the cluster's size is chosen by the batch's
-//! ([`launch_shape`]). See `cuda/sampling.cu`.
+//! batch of 64 rows keeps every SM busy; the cluster's size is chosen to fit the batch's rows on
+//! the device at once ([`launch_shape`]). See `cuda/sampling.cu`.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
@@ -121,15 +121,12 @@ impl SampleShape {
 /// How many rows of `T` logits `shape` samples at once on the device: the clusters (one a row)
 /// that fit on it together, as the driver computes it. A batch with more rows runs in waves.
 pub fn rows_at_once<T: Logit>(gpu: &Gpu, shape: SampleShape) -> Result<u32> {
-    let f = gpu.function(Source::Sampling, shape.kernel::<T>())?;
-    if shape.blocks == 1 {
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(shape.threads, 0, None)
-            .during("sample occupancy")?;
-        return Ok(per_sm * gpu.num_sms() as u32);
-    }
-    f.occupancy_max_active_clusters(grid((shape.blocks, 1, 1), shape.threads), gpu.stream())
-        .during("sample occupancy")
+    gpu.clusters_at_once(
+        Source::Sampling,
+        shape.kernel::<T>(),
+        shape.blocks,
+        shape.threads,
+    )
 }
 
 /// The shape for a batch of `rows`: the fastest a row among those that take every row at once,

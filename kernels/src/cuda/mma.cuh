@@ -54,3 +54,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+
+// Waits for every cp.async this thread issued, in a committed group or not: copies that complete
+// on an mbarrier (cp.async.mbarrier.arrive) belong to no group until this commits them.
+__device__ __forceinline__ void cp_async_drain() {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}

@@ -171,8 +171,9 @@ struct WsProducer {
             cp_async_arrive(&s.full_v[vs]);
             if (j + 1 < num_tiles) slot = find(j + 1, walker);
         }
-        // Every copy is waited for by the consumers; this only keeps none in flight at exit.
-        cp_async_wait_all();
+        // The consumers wait for every copy they read; a block with no tile reads none, not even
+        // Q's, which must still land before the block leaves.
+        cp_async_drain();
     }
 };
 

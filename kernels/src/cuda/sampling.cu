@@ -24,9 +24,10 @@
 // top-p crossing (weights), and only that bin is looked at again.
 //
 // The layout, and why:
-// - A cluster of 8 blocks per row (Hopper's thread-block clusters), each block owning a
-//   contiguous eighth of the row: 64 rows make 512 blocks, so every SM reads, where one block
-//   per row left half of an H100 idle and read each row at one SM's bandwidth.
+// - A cluster of blocks per row (Hopper's thread-block clusters), each block owning a contiguous
+//   part of the row: 8 blocks of 256 threads while the batch's rows all fit on the device at
+//   once (62 on an H100), else 2 blocks of 512 (132 fit), so every SM reads, where one block per
+//   row left half of an H100 idle and read each row at one SM's bandwidth.
 // - The blocks of a cluster can read and write each other's shared memory (distributed shared
 //   memory, DSMEM), and wait for each other at a cluster barrier. Histograms are merged into
 //   the first block of the cluster ("rank 0") with atomics on its shared memory, and rank 0's
@@ -808,6 +809,7 @@ __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u3
         if (sum_gt >= need) key = (u32)(s.list[first_reaching(s, k, need, weight)] >> 32);
     }
     // Candidates as (~index << 32 | key), the rest as zeros: sorted, they come in vocabulary order.
+    __syncthreads();  // every thread has read the threshold's entry before the list is rewritten
     for (int i = threadIdx.x; i < n; i += block_size()) {
         const u64 e = s.list[i];
         const u32 ek = (u32)(e >> 32);
