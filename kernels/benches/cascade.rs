@@ -24,7 +24,7 @@ use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::gather::gather_rows;
 use kernels::merge::{PartialStateMut, merge_pieces_into};
-use kernels::paged::{AttentionInputs, CacheShape, HostPageTable};
+use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
 
@@ -73,7 +73,7 @@ impl Cache {
     fn inputs<'a>(
         &'a self,
         q: &'a CudaSlice<bf16>,
-        table: &'a kernels::paged::DevicePageTable,
+        table: &'a DevicePageTable,
     ) -> AttentionInputs<'a> {
         AttentionInputs {
             q: q.as_view(),
@@ -84,6 +84,70 @@ impl Cache {
             num_q_heads: HQ,
             sm_scale: 1.0 / (D as f32).sqrt(),
         }
+    }
+}
+
+/// Split-KV attention launched as the CUDA runner launches it: the `queries` query tokens are
+/// repeated once per piece of `table` (a sequence a piece) by one gather, every piece is attended
+/// in one unmasked prefill call, and the pieces merge in a tree into a main state (`pieces` a
+/// power of two).
+struct Pieces {
+    table: DevicePageTable,
+    pieces: usize,
+    queries: usize,
+    index: CudaSlice<u32>,
+    indptr: CudaSlice<i32>,
+    q: CudaSlice<bf16>,
+    o: CudaSlice<bf16>,
+    lse: CudaSlice<f32>,
+    lse_scratch: CudaSlice<f32>,
+}
+
+impl Pieces {
+    fn new(gpu: &Gpu, table: DevicePageTable, pieces: usize, queries: usize) -> Self {
+        let rows = queries * HQ;
+        let index: Vec<u32> = (0..pieces).flat_map(|_| 0..queries as u32).collect();
+        let indptr: Vec<i32> = (0..=pieces).map(|p| (p * queries) as i32).collect();
+        Self {
+            table,
+            pieces,
+            queries,
+            index: gpu.upload(&index).unwrap(),
+            indptr: gpu.upload(&indptr).unwrap(),
+            q: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
+            o: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
+            lse: gpu.zeros::<f32>(pieces * rows).unwrap(),
+            lse_scratch: gpu.zeros::<f32>(pieces * rows).unwrap(),
+        }
+    }
+
+    /// Attends `q` over every piece and folds the pieces into `(o, lse)`.
+    fn attend_into(
+        &mut self,
+        gpu: &Gpu,
+        cache: &Cache,
+        q: &CudaSlice<bf16>,
+        o: &mut CudaSlice<bf16>,
+        lse: &mut CudaSlice<f32>,
+    ) {
+        gather_rows(gpu, q, self.queries, &self.index, &mut self.q, HQ * D).unwrap();
+        let queries = PrefillQueries {
+            indptr: self.indptr.as_view(),
+            max_len: self.queries,
+        };
+        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut self.lse;
+        let inputs = cache.inputs(&self.q, &self.table);
+        prefill_attention(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out)).unwrap();
+        let pieces = PartialStateMut {
+            o: self.o.as_view_mut(),
+            lse: self.lse.as_view_mut(),
+        };
+        let scratch = PartialStateMut {
+            o: self.q.as_view_mut(),
+            lse: self.lse_scratch.as_view_mut(),
+        };
+        let first = self.index.slice(..self.queries);
+        merge_pieces_into(gpu, o, lse, pieces, scratch, self.pieces, &first, HQ, D).unwrap();
     }
 }
 
@@ -116,25 +180,16 @@ fn cascade(
 ) -> (f64, Vec<bf16>) {
     let rows = batch * HQ;
     let per_part = cache.prefix_pages / parts;
-    let mut shared = HostPageTable::new(PAGE);
+    let mut prefix_table = HostPageTable::new(PAGE);
     for p in 0..parts {
-        shared.push_seq(cache.prefix(p * per_part, (p + 1) * per_part));
+        prefix_table.push_seq(cache.prefix(p * per_part, (p + 1) * per_part));
     }
-    let shared = shared.upload(gpu).unwrap();
-    let indptr: Vec<i32> = (0..=parts).map(|p| (p * batch) as i32).collect();
-    let indptr = gpu.upload(&indptr).unwrap();
-    let index: Vec<u32> = (0..parts).flat_map(|_| 0..batch as u32).collect();
-    let index = gpu.upload(&index).unwrap();
+    let mut shared = Pieces::new(gpu, prefix_table.upload(gpu).unwrap(), parts, batch);
     let mut own = HostPageTable::new(PAGE);
     for r in 0..batch {
         own.push_seq(cache.suffix(r));
     }
     let own = own.upload(gpu).unwrap();
-
-    let mut q_parts = gpu.zeros::<bf16>(parts * rows * D).unwrap();
-    let mut o_parts = gpu.zeros::<bf16>(parts * rows * D).unwrap();
-    let mut lse_parts = gpu.zeros::<f32>(parts * rows).unwrap();
-    let mut lse_scratch = gpu.zeros::<f32>(parts * rows).unwrap();
     let mut o = gpu.zeros::<bf16>(rows * D).unwrap();
     let mut lse = gpu.zeros::<f32>(rows).unwrap();
     let own_inputs = cache.inputs(q, &own);
@@ -142,32 +197,7 @@ fn cascade(
 
     let mut run = || {
         decode_attention(gpu, &own_inputs, &mut ws, &mut o, Some(&mut lse)).unwrap();
-        gather_rows(gpu, q, batch, &index, &mut q_parts, HQ * D).unwrap();
-        let shared_inputs = cache.inputs(&q_parts, &shared);
-        let queries = PrefillQueries {
-            indptr: indptr.as_view(),
-            max_len: batch,
-        };
-        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse_parts;
-        prefill_attention(
-            gpu,
-            &shared_inputs,
-            &queries,
-            false,
-            &mut o_parts,
-            Some(lse_out),
-        )
-        .unwrap();
-        let pieces = PartialStateMut {
-            o: o_parts.as_view_mut(),
-            lse: lse_parts.as_view_mut(),
-        };
-        let scratch = PartialStateMut {
-            o: q_parts.as_view_mut(),
-            lse: lse_scratch.as_view_mut(),
-        };
-        let first = index.slice(..batch);
-        merge_pieces_into(gpu, &mut o, &mut lse, pieces, scratch, parts, &first, HQ, D).unwrap();
+        shared.attend_into(gpu, cache, q, &mut o, &mut lse);
     };
     let secs = time(gpu, &mut run);
     (secs, gpu.download(&o).unwrap())
@@ -241,45 +271,12 @@ fn cached_composition(gpu: &Gpu, context: usize, pieces: &[usize]) -> (f64, Vec<
             for i in 0..p {
                 table.push_seq(visible[i * e / p..(i + 1) * e / p].iter().copied());
             }
-            let table = table.upload(gpu).unwrap();
-            let index: Vec<u32> = (0..p).flat_map(|_| 0..QUERY as u32).collect();
-            let index = gpu.upload(&index).unwrap();
-            let indptr: Vec<i32> = (0..=p).map(|i| (i * QUERY) as i32).collect();
-            let indptr = gpu.upload(&indptr).unwrap();
-            let queries = PrefillQueries {
-                indptr: indptr.as_view(),
-                max_len: QUERY,
-            };
-            let mut q_parts = gpu.zeros::<bf16>(p * rows * D).unwrap();
-            let mut o_parts = gpu.zeros::<bf16>(p * rows * D).unwrap();
-            let mut lse_parts = gpu.zeros::<f32>(p * rows).unwrap();
-            let mut lse_scratch = gpu.zeros::<f32>(p * rows).unwrap();
+            let mut split = Pieces::new(gpu, table.upload(gpu).unwrap(), p, QUERY);
             let secs = time(gpu, &mut || {
                 let own_inputs = cache.inputs(&q, &own);
                 prefill_attention(gpu, &own_inputs, &one_queries, true, &mut o, Some(&mut lse))
                     .unwrap();
-                gather_rows(gpu, &q, QUERY, &index, &mut q_parts, HQ * D).unwrap();
-                let parts_inputs = cache.inputs(&q_parts, &table);
-                let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse_parts;
-                prefill_attention(
-                    gpu,
-                    &parts_inputs,
-                    &queries,
-                    false,
-                    &mut o_parts,
-                    Some(lse_out),
-                )
-                .unwrap();
-                let parts = PartialStateMut {
-                    o: o_parts.as_view_mut(),
-                    lse: lse_parts.as_view_mut(),
-                };
-                let scratch = PartialStateMut {
-                    o: q_parts.as_view_mut(),
-                    lse: lse_scratch.as_view_mut(),
-                };
-                let first = index.slice(..QUERY);
-                merge_pieces_into(gpu, &mut o, &mut lse, parts, scratch, p, &first, HQ, D).unwrap();
+                split.attend_into(gpu, &cache, &q, &mut o, &mut lse);
             });
             (secs, max_abs_diff(&want, &gpu.download(&o).unwrap()))
         })
