@@ -153,28 +153,34 @@ pub fn decode_attention<C: CacheRead>(
         .arg(&v_scale);
     unsafe { launch.launch(grid((blocks as u32, 1, 1), THREADS)) }.during(K)?;
 
-    // The rows of sequences that blocks shared, from their pieces.
-    let f = gpu.function(Source::DecodeAttention, "decode_merge_pieces")?;
+    // The rows of sequences that blocks shared, from their pieces; launched so that it may start
+    // while the decode kernel's last blocks run (it waits for them before reading a piece).
+    const MERGE: &str = "decode_merge_pieces";
+    let f = gpu.function(Source::DecodeAttention, MERGE)?;
     let (d_arg, gh_arg, blocks_arg) = (d as i32, gh as i32, blocks as i32);
-    let mut launch = gpu.stream().launch_builder(&f);
-    launch
-        .arg(&ptrs[6])
-        .arg(&part_o)
-        .arg(&part_lse)
-        .arg(&out_ptr)
-        .arg(&lse_ptr);
-    launch
-        .arg(&ints[0])
-        .arg(&ints[1])
-        .arg(&d_arg)
-        .arg(&gh_arg)
-        .arg(&blocks_arg)
-        .arg(&min_range);
+    let mut args: [*mut std::ffi::c_void; 11] = [
+        arg(&ptrs[6]),
+        arg(&part_o),
+        arg(&part_lse),
+        arg(&out_ptr),
+        arg(&lse_ptr),
+        arg(&ints[0]),
+        arg(&ints[1]),
+        arg(&d_arg),
+        arg(&gh_arg),
+        arg(&blocks_arg),
+        arg(&min_range),
+    ];
     let warps_per_block = THREADS as usize / 32;
-    unsafe { launch.launch(grid((rows.div_ceil(warps_per_block) as u32, 1, 1), THREADS)) }
-        .during("decode_merge_pieces")?;
+    let config = grid((rows.div_ceil(warps_per_block) as u32, 1, 1), THREADS);
+    unsafe { gpu.launch_programmatic(MERGE, &f, config, &mut args) }?;
     Ok(())
     // END SOLUTION
+}
+
+/// A kernel argument for a raw launch: the address of its value.
+fn arg<T>(value: &T) -> *mut std::ffi::c_void {
+    value as *const T as *mut std::ffi::c_void
 }
 
 /// The blocks a decode call launches at `head_dim` and GQA group size `group` over a bf16

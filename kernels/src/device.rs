@@ -314,6 +314,58 @@ impl Gpu {
         Ok(n)
     }
 
+    /// Launches `f` on the stream as a programmatic dependent launch (Hopper and later): its
+    /// blocks may start before the kernel queued before it has finished, and must wait for it
+    /// with `griddepcontrol.wait` before reading what it wrote; every thread must reach that
+    /// wait, since later work on the stream waits only for this kernel. Before Hopper, a plain
+    /// launch. `args` point at each argument's value, in the kernel's order; `name` is for errors.
+    ///
+    /// # Safety
+    /// As for any launch: the arguments must match the kernel's parameters.
+    pub(crate) unsafe fn launch_programmatic(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        config: cudarc::driver::LaunchConfig,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().during("binding the context")?;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: unsafe { std::mem::zeroed() },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let hopper = self.arch.major >= 9;
+        let launch = sys::CUlaunchConfig {
+            gridDimX: config.grid_dim.0,
+            gridDimY: config.grid_dim.1,
+            gridDimZ: config.grid_dim.2,
+            blockDimX: config.block_dim.0,
+            blockDimY: config.block_dim.1,
+            blockDimZ: config.block_dim.2,
+            sharedMemBytes: config.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if hopper {
+                &mut attr
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: hopper as u32,
+        };
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch,
+                f.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .during(format!("launching {name}"))
+    }
+
     /// The raw device address of a buffer, for a kernel argument.
     pub(crate) fn ptr<T>(&self, buffer: &impl DevicePtr<T>) -> u64 {
         // With event tracking off the returned guard records nothing.
