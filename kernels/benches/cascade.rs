@@ -311,6 +311,8 @@ fn main() {
          | speed-up 1 pass | speed-up split | max abs diff |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    // Every count of parts tried, for the table after this one.
+    let mut by_parts = Vec::new();
     for batch in [64, 128, 256] {
         for prefix in [4096, 8192, 16384, 32768] {
             let cache = Cache::new(&gpu, batch, prefix);
@@ -318,10 +320,18 @@ fn main() {
             let (flat_s, flat_out) = flat(&gpu, &cache, batch, &q);
             let (one_s, one_out) = cascade(&gpu, &cache, batch, &q, 1);
             // The split: the fastest power of two of parts up to 32, none under 256 tokens.
-            let (parts, (split_s, split_out)) = (1..=5)
+            let tried: Vec<_> = (1..=5)
                 .map(|e| 1usize << e)
                 .filter(|p| prefix / p >= 256)
                 .map(|p| (p, cascade(&gpu, &cache, batch, &q, p)))
+                .collect();
+            by_parts.push((
+                batch,
+                prefix,
+                tried.iter().map(|(p, (s, _))| (*p, *s)).collect::<Vec<_>>(),
+            ));
+            let (parts, (split_s, split_out)) = tried
+                .into_iter()
                 .min_by(|a, b| a.1.0.total_cmp(&b.1.0))
                 .unwrap();
             println!(
@@ -334,6 +344,21 @@ fn main() {
                 max_abs_diff(&flat_out, &split_out).max(max_abs_diff(&flat_out, &one_out))
             );
         }
+    }
+
+    // What the engine's rule for cutting (phase6-cuda-plan's KvSplit) is fitted to.
+    println!("\ncascade split by count of parts (us)\n");
+    println!("| batch | shared prefix | 2 | 4 | 8 | 16 | 32 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (batch, prefix, tried) in &by_parts {
+        let cells: Vec<String> = [2, 4, 8, 16, 32]
+            .iter()
+            .map(|p| match tried.iter().find(|(q, _)| q == p) {
+                Some((_, s)) => format!("{:.1}", s * 1e6),
+                None => "-".to_string(),
+            })
+            .collect();
+        println!("| {batch} | {prefix} | {} |", cells.join(" | "));
     }
 
     let pieces = [4, 8, 16, 32];

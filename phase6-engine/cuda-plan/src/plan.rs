@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn a_long_shared_prefix_with_few_queries_is_cut_into_pieces_of_one_level() {
-        // 5 pages of 16 (the last holding 8 tokens); pieces of at least 32 tokens.
+        // 5 pages of 16 (the last holding 8 tokens); pieces of at least 24 tokens.
         let prefix = BlockTable::from_pages(vec![10, 11, 12, 13, 14], 72);
         let own = |p: u32| BlockTable::from_pages(vec![p], 1);
         let batch = ForwardBatch {
@@ -433,9 +433,9 @@ mod tests {
                 seq(1, 1, vec![prefix.clone(), own(6)], true),
             ],
         };
-        let plan = plan_of(&batch, &cut_at(32)).unwrap();
-        // 72 tokens / 32 = 2 pieces of 2 and 3 pages, attended in one call: both rows once
-        // a piece, each piece one sequence of the call.
+        let plan = plan_of(&batch, &cut_at(24)).unwrap();
+        // 72 tokens / 24 = 3, down to a power of two: 2 pieces of 2 and 3 pages, attended in
+        // one call: both rows once a piece, each piece one sequence of the call.
         assert_eq!(plan.levels.len(), 1);
         let level = &plan.levels[0];
         assert_eq!(level.pieces, 2);
@@ -498,7 +498,7 @@ mod tests {
                 true,
             )],
         };
-        let plan = plan_of(&batch, &cut_at(32)).unwrap();
+        let plan = plan_of(&batch, &cut_at(24)).unwrap();
         assert_eq!(plan.prefill.table.page_ids, vec![35, 36]);
         assert_eq!(plan.prefill.table.page_lens, vec![16, 4]);
         let level = &plan.levels[0];

@@ -64,9 +64,11 @@ pub struct CudaOptions {
     /// into: a cascade group's shared segment, or the cached context before a prefill's new
     /// tokens. Few queries over a long KV are attended in several pieces at once so that they
     /// fill the GPU (`phase6_cuda_plan::split`). A cut costs a gather and merges in every
-    /// layer, a few launches each, so by default KV under 1,536 tokens stays whole (cut in two,
-    /// a 1k-token context took 3.0 ms to its first token instead of 2.5); a 4k-token context
-    /// becomes 4 pieces, a 16k-token one 16 (128 blocks: one wave of the Hopper kernel).
+    /// layer, a few launches each, so KV of less than three pieces' worth stays whole: by
+    /// default KV under 1,536 tokens (cut in two, a 1k-token context took 3.0 ms to its first
+    /// token instead of 2.5); a 4k-token context becomes 4 pieces, a 16k-token one 16 (128
+    /// blocks: one wave of the Hopper kernel), a 4k-token prefix shared by 64 decoding
+    /// requests 8 (the fastest count in `cargo bench -p kernels --bench cascade`).
     pub split_kv_min_tokens: usize,
     /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
     /// FP8 conversion instructions, compute capability 8.9 and newer).
@@ -83,7 +85,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            split_kv_min_tokens: 768,
+            split_kv_min_tokens: 512,
             kv_cache_dtype: KvDtype::BF16,
         }
     }

@@ -52,7 +52,7 @@ fn options(num_pages: usize, max_num_seqs: usize, enforce_eager: bool) -> CudaOp
         max_num_batched_tokens: 2048,
         max_num_seqs,
         enforce_eager,
-        // Cut every unmasked KV longer than a page, so that the split path is tested.
+        // Cut every unmasked KV of three pages or more, so that the split path is tested.
         split_kv_min_tokens: 16,
         ..CudaOptions::default()
     }
