@@ -8,22 +8,22 @@
 //! its own pages with the decode kernel, and the two partial results are merged by
 //! log-sum-exp. A small batch has too few query tiles to fill the GPU, so the "split" variant
 //! also cuts the prefix into parts attended in parallel (the queries repeated once per part by
-//! one gather, inside the timed region) and merges the parts in a tree, as the CUDA runner
-//! does; the table shows the fastest count of parts (2 to 32). Times are device times between
+//! one gather, inside the timed region) and merges the parts in one launch, as the CUDA runner
+//! does; the table shows the fastest count of parts (2 to 32), and a third table every count. Times are device times between
 //! CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so and exits.
 //!
 //! A second table is one layer's attention in the chunk API's cached composition: 16 new tokens
 //! after a 40-token system prompt and a 1k-16k-token context, one sequence, pages of 256 (the
 //! engine's). One causal pass gives it 8 blocks, each walking the whole KV; split-KV (what the
 //! CUDA runner plans) attends the system prompt and context in pieces in one unmasked call, the
-//! new tokens' page causally, and merges the pieces in a tree (`merge_pieces_into`).
+//! new tokens' page causally, and merges the pieces into that (`merge_pieces_into`).
 
 mod common;
 
 use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention};
 use kernels::gather::gather_rows;
-use kernels::merge::{PartialStateMut, merge_pieces_into};
+use kernels::merge::{PartialState, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention};
 use kernels::{CudaSlice, Gpu, bf16};
@@ -89,8 +89,7 @@ impl Cache {
 
 /// Split-KV attention launched as the CUDA runner launches it: the `queries` query tokens are
 /// repeated once per piece of `table` (a sequence a piece) by one gather, every piece is attended
-/// in one unmasked prefill call, and the pieces merge in a tree into a main state (`pieces` a
-/// power of two).
+/// in one unmasked prefill call, and the pieces merge into a main state in one launch.
 struct Pieces {
     table: DevicePageTable,
     pieces: usize,
@@ -100,7 +99,6 @@ struct Pieces {
     q: CudaSlice<bf16>,
     o: CudaSlice<bf16>,
     lse: CudaSlice<f32>,
-    lse_scratch: CudaSlice<f32>,
 }
 
 impl Pieces {
@@ -117,7 +115,6 @@ impl Pieces {
             q: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
             o: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
             lse: gpu.zeros::<f32>(pieces * rows).unwrap(),
-            lse_scratch: gpu.zeros::<f32>(pieces * rows).unwrap(),
         }
     }
 
@@ -138,16 +135,12 @@ impl Pieces {
         let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut self.lse;
         let inputs = cache.inputs(&self.q, &self.table);
         prefill_attention(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out)).unwrap();
-        let pieces = PartialStateMut {
-            o: self.o.as_view_mut(),
-            lse: self.lse.as_view_mut(),
-        };
-        let scratch = PartialStateMut {
-            o: self.q.as_view_mut(),
-            lse: self.lse_scratch.as_view_mut(),
+        let pieces = PartialState {
+            o: self.o.as_view(),
+            lse: self.lse.as_view(),
         };
         let first = self.index.slice(..self.queries);
-        merge_pieces_into(gpu, o, lse, pieces, scratch, self.pieces, &first, HQ, D).unwrap();
+        merge_pieces_into(gpu, o, lse, &pieces, self.pieces, &first, HQ, D).unwrap();
     }
 }
 
@@ -169,8 +162,8 @@ fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Ve
 
 /// Cascade: the prefix in `parts` parallel pieces for all queries, the suffixes by decode, and
 /// log-sum-exp merges, launched as the CUDA runner launches them: one gather repeats the
-/// queries once per part, one unmasked prefill call attends every part, and the parts merge in
-/// a tree into the suffixes' result (`parts` a power of two).
+/// queries once per part, one unmasked prefill call attends every part, and the parts merge
+/// into the suffixes' result.
 fn cascade(
     gpu: &Gpu,
     cache: &Cache,

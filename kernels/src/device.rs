@@ -337,6 +337,9 @@ impl Gpu {
             value: unsafe { std::mem::zeroed() },
         };
         attr.value.programmaticStreamSerializationAllowed = 1;
+        // Kernels are compiled for the device's own architecture (`Compiler::options`), so on
+        // compute capability 9 and later the kernel holds its `griddepcontrol.wait`; an earlier
+        // architecture's binary run here would not wait, and must not be launched this way.
         let hopper = self.arch.major >= 9;
         let launch = sys::CUlaunchConfig {
             gridDimX: config.grid_dim.0,

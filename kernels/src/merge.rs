@@ -7,10 +7,9 @@
 //!
 //! Split-KV attention (FlashDecoding's idea, for a few queries over a long KV): the KV is cut
 //! into pieces attended at once, each piece by its own blocks, and [`merge_pieces_into`] folds
-//! the pieces' states back together in a tree of [`merge_state`] calls (log2(pieces) launches)
-//! and one merge into the destination rows.
+//! every piece's state into the destination rows in one launch.
 
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::check;
@@ -25,14 +24,6 @@ use crate::source::Source;
 pub struct PartialState<'a> {
     pub o: CudaView<'a, bf16>,
     pub lse: CudaView<'a, f32>,
-}
-
-/// Partial states that [`merge_pieces_into`] may overwrite: `o: bf16[rows, head_dim]`,
-/// `lse: f32[rows]`, as in [`PartialState`].
-#[derive(Debug)]
-pub struct PartialStateMut<'a> {
-    pub o: CudaViewMut<'a, bf16>,
-    pub lse: CudaViewMut<'a, f32>,
 }
 
 /// `out` (and `lse_out` if given) = the merge of `a` and `b`, for `rows` rows of `head_dim`.
@@ -137,62 +128,61 @@ pub fn merge_state_into(
 /// Folds `pieces` partial states of the same gathered rows into the main state, in place: the
 /// split-KV form of [`merge_state_into`]. `parts` holds the pieces one after the other, each
 /// `[index.len(), heads, head_dim]` (and `[index.len(), heads]` of lse), as one prefill call over
-/// a table of one sequence per piece writes them; `pieces` must be a power of two. Pieces are
-/// merged pairwise, half of them into `scratch` (room for half the pieces), then back, until one
-/// is left, which is merged into `(o, lse)` at the rows `index` names. `parts` and `scratch` are
-/// overwritten. An empty piece (lse `-inf`) weighs nothing.
+/// a table of one sequence per piece writes them. Every piece is weighed at once and the sum kept
+/// in f32, one launch whatever the count (a tree of [`merge_state`] calls took log2(pieces) + 1
+/// launches and rounded to bf16 at each level). An empty piece (lse `-inf`) weighs nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn merge_pieces_into(
     gpu: &Gpu,
     o: &mut impl DevicePtrMut<bf16>,
     lse: &mut impl DevicePtrMut<f32>,
-    parts: PartialStateMut<'_>,
-    scratch: PartialStateMut<'_>,
+    parts: &PartialState<'_>,
     pieces: usize,
     index: &impl DevicePtr<u32>,
     heads: usize,
     head_dim: usize,
 ) -> Result<()> {
     const K: &str = "merge_pieces_into";
-    if !pieces.is_power_of_two() {
-        return Err(check::invalid(
-            K,
-            format!("{pieces} pieces: a power of two is merged as a tree"),
-        ));
-    }
-    let rows = index.len() * heads;
-    check::at_least(K, "parts.o", parts.o.len(), pieces * rows * head_dim)?;
-    check::at_least(K, "parts.lse", parts.lse.len(), pieces * rows)?;
+    check::head_dim(K, head_dim)?;
+    let rows = index.len();
     check::at_least(
         K,
-        "scratch.o",
-        scratch.o.len(),
-        pieces / 2 * rows * head_dim,
+        "parts.o",
+        parts.o.len(),
+        pieces * rows * heads * head_dim,
     )?;
-    check::at_least(K, "scratch.lse", scratch.lse.len(), pieces / 2 * rows)?;
-    let (mut from, mut to) = (parts, scratch);
-    let mut n = pieces;
-    while n > 1 {
-        let half = n / 2;
-        let (split_o, split_lse) = (half * rows * head_dim, half * rows);
-        let a = PartialState {
-            o: from.o.slice(..split_o),
-            lse: from.lse.slice(..split_lse),
-        };
-        let b = PartialState {
-            o: from.o.slice(split_o..2 * split_o),
-            lse: from.lse.slice(split_lse..2 * split_lse),
-        };
-        let mut out_lse = to.lse.slice_mut(..split_lse);
-        let lse_out: &mut dyn DevicePtrMut<f32> = &mut out_lse;
-        let mut out = to.o.slice_mut(..split_o);
-        merge_state(gpu, &a, &b, &mut out, Some(lse_out), half * rows, head_dim)?;
-        std::mem::swap(&mut from, &mut to);
-        n = half;
+    check::at_least(K, "parts.lse", parts.lse.len(), pieces * rows * heads)?;
+    let out_rows = o.len() / (heads * head_dim).max(1);
+    check::at_least(K, "lse", lse.len(), out_rows * heads)?;
+    if rows == 0 || heads == 0 || pieces == 0 {
+        return Ok(());
     }
-    let merged = PartialState {
-        o: from.o.slice(..rows * head_dim),
-        lse: from.lse.slice(..rows),
-    };
-    merge_state_into(gpu, o, lse, &merged, index, heads, head_dim)
+    let (po, pl) = (gpu.ptr_mut(o), gpu.ptr_mut(lse));
+    check::aligned(K, "o", po)?;
+    check::aligned(K, "parts.o", gpu.ptr(&parts.o))?;
+    let f = gpu.function(Source::Merge, K)?;
+    let ptrs = [
+        po,
+        pl,
+        gpu.ptr(&parts.o),
+        gpu.ptr(&parts.lse),
+        gpu.ptr(index),
+    ];
+    let ints = [
+        check::int(K, "rows", rows)?,
+        check::int(K, "out_rows", out_rows)?,
+        check::int(K, "heads", heads)?,
+        head_dim as i32,
+        check::int(K, "pieces", pieces)?,
+    ];
+    let mut launch = gpu.stream().launch_builder(&f);
+    for p in &ptrs {
+        launch.arg(p);
+    }
+    for i in &ints {
+        launch.arg(i);
+    }
+    let threads = rows * heads * head_dim / 8;
+    unsafe { launch.launch(grid((threads.div_ceil(256) as u32, 1, 1), 256)) }.during(K)?;
+    Ok(())
 }

@@ -49,7 +49,13 @@ impl PrefillKernel {
     /// The fastest kernel that runs `inputs` on `gpu`: on Hopper the warp-specialized one
     /// (1.01-1.06x [`Self::Wgmma`] on the attention bench's shapes, H100).
     pub fn best<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Self {
-        if Self::WgmmaWarpSpecialized.runs(gpu, inputs) {
+        let fp8 = inputs.k_cache.fp8_scale().is_some();
+        Self::best_for(gpu, inputs.cache.head_dim, fp8)
+    }
+
+    /// The kernel [`Self::best`] picks over a cache of `head_dim`, FP8 or not.
+    pub fn best_for(gpu: &Gpu, head_dim: usize, fp8: bool) -> Self {
+        if Self::WgmmaWarpSpecialized.runs_shape(gpu, head_dim, fp8) {
             Self::WgmmaWarpSpecialized
         } else {
             Self::Mma
@@ -58,14 +64,28 @@ impl PrefillKernel {
 
     /// Whether this kernel can run `inputs` on `gpu`.
     pub fn runs<C: CacheRead>(self, gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> bool {
+        let fp8 = inputs.k_cache.fp8_scale().is_some();
+        self.runs_shape(gpu, inputs.cache.head_dim, fp8)
+    }
+
+    fn runs_shape(self, gpu: &Gpu, head_dim: usize, fp8: bool) -> bool {
         match self {
             Self::Mma => true,
             Self::Wgmma | Self::WgmmaWarpSpecialized => {
-                gpu.arch().is_hopper()
-                    && inputs.cache.head_dim == 128
-                    && inputs.k_cache.fp8_scale().is_none()
+                gpu.arch().is_hopper() && head_dim == 128 && !fp8
             }
         }
+    }
+
+    /// (Rows (query, head) a block, blocks that fill `gpu` once): what a split of the KV into
+    /// pieces aims for, one wave of blocks. The Hopper kernels hold one block a multiprocessor;
+    /// for the `mma.sync` kernel, two a multiprocessor, the count its split was first fitted to.
+    pub fn wave(self, gpu: &Gpu) -> (usize, usize) {
+        let per_sm = match self {
+            Self::Mma => 2,
+            Self::Wgmma | Self::WgmmaWarpSpecialized => 1,
+        };
+        (self.block_rows(), per_sm * gpu.num_sms())
     }
 
     /// Rows (query, head) per block, as in the kernel.

@@ -70,3 +70,58 @@ extern "C" __global__ void merge_state_into(bf16* __restrict__ o, float* __restr
     }
     lse[dst] = m + logf(total);
 }
+
+// Split-KV: `pieces` partial states of the same gathered rows folded into the main state in one
+// pass (piece p's state of gathered row i, head h is at [(p * rows + i) * heads + h]). One thread
+// per 16-byte chunk of a (gathered row, head): it reads every piece's lse and its chunk of every
+// piece's output and keeps the weighted sum in f32, so the result is rounded to bf16 once (a tree
+// of pairwise merges rounds at every level, and takes a launch a level). The threads of a row
+// are one warp's neighbours: all of them read the row's old lse before its first chunk's thread
+// rewrites it.
+extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __restrict__ lse,
+                                             const bf16* __restrict__ o_parts,
+                                             const float* __restrict__ lse_parts,
+                                             const u32* __restrict__ index, int rows,
+                                             int out_rows, int heads, int head_dim, int pieces) {
+    const int chunks = head_dim / 8;
+    const size_t stride = (size_t)rows * heads;  // one piece's rows
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t row = i / chunks;               // (gathered row, head)
+    const int c = (int)(i % chunks);
+    const u32 token = row < stride ? index[row / heads] : (u32)out_rows;
+    const bool live = token < (u32)out_rows;
+    const size_t dst = (size_t)token * heads + row % heads;
+    const float la = live ? lse[dst] : neg_inf();
+    float m = la;
+    if (live)
+        for (int p = 0; p < pieces; ++p) m = fmaxf(m, lse_parts[p * stride + row]);
+    const bool any = live && m != neg_inf();
+    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float total = 0.f;
+    if (any) {
+        if (la != neg_inf()) {
+            total = expf(la - m);
+            chunk_to_float(reinterpret_cast<const uint4*>(o + dst * head_dim)[c], y);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) y[k] *= total;
+        }
+#pragma unroll 4
+        for (int p = 0; p < pieces; ++p) {
+            const float l = lse_parts[p * stride + row];
+            if (l == neg_inf()) continue;  // an empty piece weighs nothing
+            const float w = expf(l - m);
+            float b[8];
+            chunk_to_float(
+                reinterpret_cast<const uint4*>(o_parts + (p * stride + row) * head_dim)[c], b);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) y[k] += w * b[k];
+            total += w;
+        }
+    }
+    __syncwarp();  // every thread of the row has read its old lse
+    if (!any) return;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y[k] /= total;
+    reinterpret_cast<uint4*>(o + dst * head_dim)[c] = float_to_chunk(y);
+    if (c == 0) lse[dst] = m + logf(total);
+}

@@ -135,7 +135,7 @@ impl Prefill {
 pub struct Level {
     /// The gathered query rows: the level's distinct rows, part after part, once per piece.
     pub rows: Vec<u32>,
-    /// A power of two; the pieces are merged in a tree.
+    /// A power of two (`KvSplit::pieces`).
     pub pieces: usize,
     /// Sequence `p * parts + g` of this call is piece `p` of part `g`, over the rows of part
     /// `g` in the `p`-th copy of the distinct rows.
@@ -330,7 +330,8 @@ mod tests {
         max_tokens: 256,
         max_seqs: 8,
         split: KvSplit {
-            num_sms: 132,
+            block_rows: 64,
+            blocks_at_once: 264,
             q_per_kv: 2,
             kv_heads: 8,
             min_tokens: 1024,

@@ -1,28 +1,31 @@
 //! Split-KV: KV that a few queries attend without the causal mask, cut into pieces attended at
 //! once and merged back by log-sum-exp (FlashDecoding's split for the prefill kernel).
 //!
-//! The prefill kernel gives each block 64 (query, head) rows of one sequence and one KV head
-//! (128 on Hopper). Few queries over a long KV make only a handful of blocks, each walking all
-//! of it one tile after the other: a 16-token query after a 16k-token cached context is 8
-//! blocks on a GPU of 132 multiprocessors, and its attention, not its matrix products, is most
+//! The prefill kernel gives each block 128 (query, head) rows of one sequence and one KV head
+//! on Hopper (64 with `mma.sync`). Few queries over a long KV make only a handful of blocks,
+//! each walking all of it one tile after the other: a 16-token query after a 16k-token cached
+//! context is 8 blocks on a GPU of 132 multiprocessors, and its attention, not its matrix products, is most
 //! of the step. Such KV comes in two kinds, both seen whole by every query reading it: a
 //! cascade group's shared segment, and the part of a sequence's own KV that ends before its
 //! first new token (a registered context, a cached prefix, earlier chunks of a chunked
 //! prefill). Each is cut into pieces by page entries; one unmasked prefill call attends every
 //! piece of a level, the queries gathered once per piece, and
-//! `kernels::merge::merge_pieces_into` folds the pieces into the causal part in a tree.
+//! `kernels::merge::merge_pieces_into` folds the pieces into the causal part in one launch.
 
 use std::ops::Range;
 
 use crate::plan::{Level, Prefill};
 
-/// The most pieces one level is cut into: merging them takes log2 of this many launches.
+/// The most pieces one level is cut into: more were slower in every case measured.
 pub const MAX_PIECES: usize = 32;
 
 /// How finely unmasked KV is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvSplit {
-    pub num_sms: usize,
+    /// The prefill kernel's rows (query, head) a block, and the blocks that fill the GPU once
+    /// (`kernels::prefill::PrefillKernel::wave`).
+    pub block_rows: usize,
+    pub blocks_at_once: usize,
     pub q_per_kv: usize,
     pub kv_heads: usize,
     /// No piece shorter than this many tokens: a piece's blocks pay for loading their queries,
@@ -31,20 +34,20 @@ pub struct KvSplit {
 }
 
 impl KvSplit {
-    /// Pieces for `queries` query tokens over `tokens` unmasked tokens: enough blocks (of 64
-    /// rows, the `mma.sync` kernel's; the Hopper kernel's are 128, one a multiprocessor, which
-    /// this count fills once) for two per multiprocessor, no piece under `min_tokens`, at most
-    /// [`MAX_PIECES`]; a power of two, for the tree that merges them. KV of less than three
-    /// pieces' worth stays whole: its one pass is short, and a cut's gather and merges cost
-    /// more than they save (on an H100, a chunk API request over a 1k-token context reached
-    /// its first token in 2.5 ms whole, 3.0 ms cut in two).
+    /// Pieces for `queries` query tokens over `tokens` unmasked tokens: as many as one wave of
+    /// the prefill kernel's blocks holds, no piece under `min_tokens`, at most [`MAX_PIECES`];
+    /// a power of two (the counts `cargo bench -p kernels --bench cascade` measures). KV of
+    /// less than three pieces' worth stays whole: the gather and the merge are two more
+    /// launches, which a short one pass does not pay back.
     pub fn pieces(&self, queries: usize, tokens: usize) -> usize {
         let min_tokens = self.min_tokens.max(1);
-        if tokens < 3 * min_tokens {
+        if tokens / 3 < min_tokens {
             return 1;
         }
-        let blocks = (queries * self.q_per_kv).div_ceil(64) * self.kv_heads.max(1);
-        let wanted = (2 * self.num_sms)
+        let rows = self.block_rows.max(1);
+        let blocks = (queries * self.q_per_kv).div_ceil(rows) * self.kv_heads.max(1);
+        let wanted = self
+            .blocks_at_once
             .div_ceil(blocks.max(1))
             .min(tokens / min_tokens)
             .clamp(1, MAX_PIECES);
@@ -153,8 +156,10 @@ pub(crate) fn levels(
 mod tests {
     use super::*;
 
+    /// The `mma.sync` kernel's wave on a GPU of 132 multiprocessors.
     const SPLIT: KvSplit = KvSplit {
-        num_sms: 132,
+        block_rows: 64,
+        blocks_at_once: 264,
         q_per_kv: 2,
         kv_heads: 8,
         min_tokens: 256,
@@ -169,6 +174,24 @@ mod tests {
         // Under three pieces' worth: whole.
         assert_eq!(SPLIT.pieces(16, 767), 1);
         assert_eq!(SPLIT.pieces(16, 768), 2);
+        assert_eq!(SPLIT.pieces(16, usize::MAX), 32);
+        let whole = KvSplit {
+            min_tokens: usize::MAX,
+            ..SPLIT
+        };
+        assert_eq!(whole.pieces(16, usize::MAX), 1);
+        // The Hopper kernel's wave: 128 rows a block, one block a multiprocessor. 16 queries
+        // are 8 blocks: 16 pieces fill 128 of the 132 multiprocessors.
+        let hopper = KvSplit {
+            block_rows: 128,
+            blocks_at_once: 132,
+            min_tokens: 128,
+            ..SPLIT
+        };
+        assert_eq!(hopper.pieces(16, 16_040), 16);
+        assert_eq!(hopper.pieces(16, 1_040), 8);
+        assert_eq!(hopper.pieces(128, 4_096), 8);
+        assert_eq!(hopper.pieces(256, 4_096), 4);
         // 512 queries already make 128 blocks: two pieces.
         assert_eq!(SPLIT.pieces(512, 16_000), 2);
         assert_eq!(SPLIT.pieces(4096, 16_000), 1);

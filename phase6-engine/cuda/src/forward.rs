@@ -12,7 +12,7 @@
 //! with collectives in between (chapter 6.5).
 
 use kernels::decode::{self, DecodeWorkspace};
-use kernels::merge::{self, PartialStateMut};
+use kernels::merge::{self, PartialState};
 use kernels::paged::{AttentionInputs, CacheRead, CacheShape, Fp8Cache, Fp8CacheMut, PageTable};
 use kernels::prefill::{self, PrefillQueries};
 use kernels::rope::{self, RopeStore};
@@ -142,7 +142,7 @@ pub(crate) struct PrefillPart<'a> {
 
 /// Unmasked KV attended in one call (`phase6_cuda_plan::Level`): the gathered `rows`, once per
 /// piece, attend their pieces of cascade groups' shared segments and of long visible prefixes;
-/// the pieces are merged in a tree and into the rows' main state.
+/// the pieces are merged into the rows' main state in one launch.
 pub(crate) struct LevelPart<'a> {
     pub rows: CudaView<'a, u32>,
     pub pieces: usize,
@@ -197,9 +197,6 @@ pub struct Activations {
     part_q: CudaSlice<bf16>,
     part_o: CudaSlice<bf16>,
     part_lse: CudaSlice<f32>,
-    /// The log-sum-exp half of the scratch a level's pieces are merged through; `part_q`, free
-    /// once the level's queries are attended, holds the outputs.
-    merge_lse: CudaSlice<f32>,
     decode_ws: DecodeWorkspace,
     /// The lm_head's input rows `[seqs, hidden]` and output `[seqs, vocab]`.
     last: CudaSlice<bf16>,
@@ -226,7 +223,7 @@ impl Activations {
         let part_q = bf(tokens * qw)?;
         let part_o = bf(tokens * qw)?;
         let last = bf(seqs * m.hidden)?;
-        bytes += 4 * (3 * tokens * hq + seqs * m.vocab + seqs);
+        bytes += 4 * (2 * tokens * hq + seqs * m.vocab + seqs);
         let decode_ws = DecodeWorkspace::new(gpu, m.head_dim)?;
         bytes += decode_ws.bytes();
         bytes += 4 * split_k::MAX_PARTIALS;
@@ -242,7 +239,6 @@ impl Activations {
             part_q,
             part_o,
             part_lse: gpu.zeros(tokens * hq)?,
-            merge_lse: gpu.zeros(tokens * hq)?,
             decode_ws,
             last,
             logits: gpu.zeros(seqs * m.vocab)?,
@@ -681,20 +677,14 @@ fn attend<C: CacheRead>(
         };
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         prefill::prefill_attention(gpu, &inputs, &queries, false, &mut a.part_o, Some(lse))?;
-        let parts = PartialStateMut {
-            o: a.part_o.slice_mut(..n * qw),
-            lse: a.part_lse.slice_mut(..n * hq),
-        };
-        let scratch = PartialStateMut {
-            o: a.part_q.slice_mut(..),
-            lse: a.merge_lse.slice_mut(..),
+        let parts = PartialState {
+            o: a.part_o.slice(..n * qw),
+            lse: a.part_lse.slice(..n * hq),
         };
         let (mut out, mut lse) = (a.attn.slice_mut(..t * qw), a.lse.slice_mut(..t * hq));
         let index = level.rows.slice(..n / level.pieces);
         let (pieces, d) = (level.pieces, m.head_dim);
-        merge::merge_pieces_into(
-            gpu, &mut out, &mut lse, parts, scratch, pieces, &index, hq, d,
-        )?;
+        merge::merge_pieces_into(gpu, &mut out, &mut lse, &parts, pieces, &index, hq, d)?;
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use std::fmt;
 use std::time::Instant;
 
 use kernels::paged::CacheShape;
+use kernels::prefill::PrefillKernel;
 use kernels::{CudaEvent, Gpu, PinnedHostSlice, gather, sampling};
 use phase0::{SeqId, TokenId};
 use phase1::{BlockTable, KvDtype, KvLayout};
@@ -63,12 +64,11 @@ pub struct CudaOptions {
     /// The shortest piece (at least a page) that KV attended without the causal mask is cut
     /// into: a cascade group's shared segment, or the cached context before a prefill's new
     /// tokens. Few queries over a long KV are attended in several pieces at once so that they
-    /// fill the GPU (`phase6_cuda_plan::split`). A cut costs a gather and merges in every
-    /// layer, a few launches each, so KV of less than three pieces' worth stays whole: by
-    /// default KV under 1,536 tokens (cut in two, a 1k-token context took 3.0 ms to its first
-    /// token instead of 2.5); a 4k-token context becomes 4 pieces, a 16k-token one 16 (128
-    /// blocks: one wave of the Hopper kernel), a 4k-token prefix shared by 64 decoding
-    /// requests 8 (the fastest count in `cargo bench -p kernels --bench cascade`).
+    /// fill the GPU (`phase6_cuda_plan::split`); KV of less than three pieces' worth stays
+    /// whole. On an H100 the default cuts a 16-token question's 1k-token context into 8
+    /// pieces, a 4k or 16k one into 16 (128 blocks: one wave of the Hopper kernel), a 4k-token
+    /// prefix shared by 64 decoding requests into 16 and by 128 into 8: the fastest counts, or
+    /// within 2% of them, in `cargo bench -p kernels --bench cascade`.
     pub split_kv_min_tokens: usize,
     /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
     /// FP8 conversion instructions, compute capability 8.9 and newer).
@@ -85,7 +85,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            split_kv_min_tokens: 512,
+            split_kv_min_tokens: 128,
             kv_cache_dtype: KvDtype::BF16,
         }
     }
@@ -231,6 +231,9 @@ impl CudaRunner {
         };
         let mut kv =
             KvCache::new(&gpu, dims.layers, shape, options.kv_cache_dtype).map_err(device_error)?;
+        let fp8 = options.kv_cache_dtype == KvDtype::Fp8E4m3;
+        let (block_rows, blocks_at_once) =
+            PrefillKernel::best_for(&gpu, dims.head_dim, fp8).wave(&gpu);
         let limits = Limits {
             page_size: options.page_size,
             num_pages: shape.num_pages,
@@ -239,7 +242,8 @@ impl CudaRunner {
             max_tokens: tokens,
             max_seqs: seqs,
             split: KvSplit {
-                num_sms: gpu.num_sms(),
+                block_rows,
+                blocks_at_once,
                 q_per_kv: hq / hkv.max(1),
                 kv_heads: hkv,
                 min_tokens: options.split_kv_min_tokens.max(options.page_size),

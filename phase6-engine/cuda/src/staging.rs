@@ -348,7 +348,8 @@ mod tests {
             max_tokens: 64,
             max_seqs: 16,
             split: KvSplit {
-                num_sms: 132,
+                block_rows: 64,
+                blocks_at_once: 264,
                 q_per_kv: 2,
                 kv_heads: 8,
                 min_tokens: 1024,

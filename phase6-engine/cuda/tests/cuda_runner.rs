@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
+use kernels::prefill::PrefillKernel;
 use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
 use phase2::{
@@ -52,7 +53,8 @@ fn options(num_pages: usize, max_num_seqs: usize, enforce_eager: bool) -> CudaOp
         max_num_batched_tokens: 2048,
         max_num_seqs,
         enforce_eager,
-        // Cut every unmasked KV of three pages or more, so that the split path is tested.
+        // Pieces of a page: every unmasked KV of three pages' worth or more is cut, so that the
+        // split path is tested.
         split_kv_min_tokens: 16,
         ..CudaOptions::default()
     }
@@ -288,13 +290,13 @@ fn cascade_equals_flat_attention_on_the_device() {
         let mut cpu = CascadeCpuRunner::new(CpuRunner::new(model.clone(), 64, 16));
         let mut pool = KvPool::new(64, 16).unwrap();
         let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 37);
-        // A system prompt of 40 tokens and a document of 50, both ending in partial pages and
-        // each cut in pieces of at least a page.
-        let system = segment(&mut pool, 40);
+        // A system prompt of 56 tokens and a document of 50, both ending in partial pages and
+        // each cut in pieces of at least a page (each holds three pages' worth or more).
+        let system = segment(&mut pool, 56);
         let doc = segment(&mut pool, 50);
         {
             let mut both: [&mut dyn ModelRunner; 2] = [&mut gpu, &mut cpu];
-            prefill_segment(&mut both, &[], &system, &tokens(40, 1));
+            prefill_segment(&mut both, &[], &system, &tokens(56, 1));
             prefill_segment(
                 &mut both,
                 std::slice::from_ref(&system),
@@ -381,10 +383,10 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
     let mut pool = KvPool::new(160, 16).unwrap();
     let tokens = |n: usize, from: u32| synthetic_tokens(n, from, 43);
     let (system, context) = (segment(&mut pool, 40), segment(&mut pool, 900));
-    // The chunked prefill: 676 tokens computed before this step, 24 new in it.
-    let chunked = segment(&mut pool, 700);
-    let earlier = BlockTable::from_pages(chunked.pages().to_vec(), 676);
-    let chunked_tokens = tokens(700, 5);
+    // The chunked prefill: 876 tokens computed before this step, 24 new in it.
+    let chunked = segment(&mut pool, 900);
+    let earlier = BlockTable::from_pages(chunked.pages().to_vec(), 876);
+    let chunked_tokens = tokens(900, 5);
     {
         let mut all: [&mut dyn ModelRunner; 4] = [&mut whole, &mut coarse, &mut fine, &mut cpu];
         prefill_segment(&mut all, &[], &system, &tokens(40, 1));
@@ -394,7 +396,7 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
             &context,
             &tokens(900, 2),
         );
-        prefill_segment(&mut all, &[], &earlier, &chunked_tokens[..676]);
+        prefill_segment(&mut all, &[], &earlier, &chunked_tokens[..876]);
     }
     let batch = ForwardBatch {
         seqs: vec![
@@ -407,16 +409,20 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
             },
             ForwardSeq {
                 seq_id: 1,
-                tokens: chunked_tokens[676..].to_vec(),
-                start_pos: 676,
+                tokens: chunked_tokens[876..].to_vec(),
+                start_pos: 876,
                 kv: vec![chunked.clone()],
                 sample: Some(SampleSpec::greedy()),
             },
         ],
     };
     assert!(plan_cascade(&batch).is_empty(), "no cascade group here");
-    // The plans the runners make: as many pieces as multiprocessors (2 blocks each), up to 32.
-    let num_sms = kernels::Gpu::open(0).unwrap().num_sms();
+    // The plans the runners make, on the `mma.sync` kernel (head_dim 64): as many pieces as
+    // two blocks a multiprocessor, up to 32.
+    let device = kernels::Gpu::open(0).unwrap();
+    let (block_rows, blocks_at_once) =
+        PrefillKernel::best_for(&device, config.head_dim, false).wave(&device);
+    let num_sms = device.num_sms();
     let fine_pieces = 1 << (usize::BITS - 1 - num_sms.min(32).leading_zeros());
     let pieces = |min_tokens: usize| {
         let limits = Limits {
@@ -427,7 +433,8 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
             max_tokens: 2048,
             max_seqs: 8,
             split: KvSplit {
-                num_sms,
+                block_rows,
+                blocks_at_once,
                 q_per_kv: config.num_heads / config.num_kv_heads,
                 kv_heads: config.num_kv_heads,
                 min_tokens,
