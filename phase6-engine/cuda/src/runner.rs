@@ -65,10 +65,12 @@ pub struct CudaOptions {
     /// into: a cascade group's shared segment, or the cached context before a prefill's new
     /// tokens. Few queries over a long KV are attended in several pieces at once so that they
     /// fill the GPU (`phase6_cuda_plan::split`); KV of less than three pieces' worth stays
-    /// whole. On an H100 the default cuts a 16-token question's 1k-token context into 8
-    /// pieces, a 4k or 16k one into 16 (128 blocks: one wave of the Hopper kernel), a 4k-token
-    /// prefix shared by 64 decoding requests into 16 and by 128 into 8: the fastest counts, or
-    /// within 2% of them, in `cargo bench -p kernels --bench cascade`.
+    /// whole. On an H100, with pages of 256, the default leaves a 16-token question's 1k-token
+    /// context whole (2.6 ms to the first token against 2.8 in 4 pieces: the host's launches
+    /// set the pace there), cuts a 4k-token one into 8 (2.8-2.9 ms against 3.1-3.2 in 4) and a
+    /// 16k-token one into 16 (128 blocks: one wave of the Hopper kernel), and a 4k-token prefix
+    /// shared by 64 or 128 decoding requests into 8: the fastest counts, or within 2% of them,
+    /// in `cargo bench -p kernels --bench cascade`.
     pub split_kv_min_tokens: usize,
     /// How the KV cache holds K and V: `BF16`, or `Fp8E4m3` (half the bytes a token; GPUs with
     /// FP8 conversion instructions, compute capability 8.9 and newer).
@@ -85,7 +87,7 @@ impl Default for CudaOptions {
             max_num_batched_tokens: 16384,
             max_num_seqs: 512,
             enforce_eager: false,
-            split_kv_min_tokens: 128,
+            split_kv_min_tokens: 384,
             kv_cache_dtype: KvDtype::BF16,
         }
     }
