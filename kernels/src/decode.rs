@@ -158,6 +158,10 @@ pub fn decode_attention<C: CacheRead>(
     const MERGE: &str = "decode_merge_pieces";
     let f = gpu.function(Source::DecodeAttention, MERGE)?;
     let (d_arg, gh_arg, blocks_arg) = (d as i32, gh as i32, blocks as i32);
+    // A kernel argument for a raw launch: the address of its value.
+    fn arg<T>(value: &T) -> *mut std::ffi::c_void {
+        value as *const T as *mut std::ffi::c_void
+    }
     let mut args: [*mut std::ffi::c_void; 11] = [
         arg(&ptrs[6]),
         arg(&part_o),
@@ -176,11 +180,6 @@ pub fn decode_attention<C: CacheRead>(
     unsafe { gpu.launch_programmatic(MERGE, &f, config, &mut args) }?;
     Ok(())
     // END SOLUTION
-}
-
-/// A kernel argument for a raw launch: the address of its value.
-fn arg<T>(value: &T) -> *mut std::ffi::c_void {
-    value as *const T as *mut std::ffi::c_void
 }
 
 /// The blocks a decode call launches at `head_dim` and GQA group size `group` over a bf16
