@@ -76,59 +76,15 @@ pub fn merge_state(
     Ok(())
 }
 
-/// Folds a partial state computed for gathered query rows back into the main state, in place:
-/// gathered row `i` is token `index[i]`, so `(o, lse)[index[i], h]` becomes the merge of itself
-/// and `part[i, h]` for every head `h`. This is cascade attention when the queries that share a
-/// segment are not contiguous in the batch: gather them ([`crate::gather::gather_rows`]), attend
-/// the shared pages once, and merge the result back. `o: bf16[out_rows, heads, head_dim]`,
-/// `lse: f32[out_rows, heads]`, `part: [index.len(), heads, ...]`; indices must be distinct
-/// (an index >= `out_rows` is skipped).
-pub fn merge_state_into(
-    gpu: &Gpu,
-    o: &mut impl DevicePtrMut<bf16>,
-    lse: &mut impl DevicePtrMut<f32>,
-    part: &PartialState<'_>,
-    index: &impl DevicePtr<u32>,
-    heads: usize,
-    head_dim: usize,
-) -> Result<()> {
-    const K: &str = "merge_state_into";
-    check::head_dim(K, head_dim)?;
-    let rows = index.len();
-    check::at_least(K, "part.o", part.o.len(), rows * heads * head_dim)?;
-    check::at_least(K, "part.lse", part.lse.len(), rows * heads)?;
-    let out_rows = o.len() / (heads * head_dim).max(1);
-    check::at_least(K, "lse", lse.len(), out_rows * heads)?;
-    if rows == 0 || heads == 0 {
-        return Ok(());
-    }
-    let (po, pl) = (gpu.ptr_mut(o), gpu.ptr_mut(lse));
-    check::aligned(K, "o", po)?;
-    check::aligned(K, "part.o", gpu.ptr(&part.o))?;
-    let f = gpu.function(Source::Merge, "merge_state_into")?;
-    let ptrs = [po, pl, gpu.ptr(&part.o), gpu.ptr(&part.lse), gpu.ptr(index)];
-    let ints = [
-        check::int(K, "rows", rows)?,
-        check::int(K, "out_rows", out_rows)?,
-        check::int(K, "heads", heads)?,
-        head_dim as i32,
-    ];
-    let mut launch = gpu.stream().launch_builder(&f);
-    for p in &ptrs {
-        launch.arg(p);
-    }
-    for i in &ints {
-        launch.arg(i);
-    }
-    let threads = check::int(K, "rows * heads", rows * heads)? as usize;
-    unsafe { launch.launch(grid((threads.div_ceil(128) as u32, 1, 1), 128)) }.during(K)?;
-    Ok(())
-}
-
-/// Folds `pieces` partial states of the same gathered rows into the main state, in place: the
-/// split-KV form of [`merge_state_into`]. `parts` holds the pieces one after the other, each
-/// `[index.len(), heads, head_dim]` (and `[index.len(), heads]` of lse), as one prefill call over
-/// a table of one sequence per piece writes them. Every piece is weighed at once and the sum kept
+/// Folds `pieces` partial states computed for gathered query rows back into the main state, in
+/// place: gathered row `i` is token `index[i]`, so `(o, lse)[index[i], h]` becomes the merge of
+/// itself and every piece's row `(i, h)`. This is cascade attention when the queries that share
+/// a segment are not contiguous in the batch (gather them with [`crate::gather::gather_rows`],
+/// attend the shared pages once, merge the result back), and split-KV when that segment was
+/// attended in pieces. `o: bf16[out_rows, heads, head_dim]`, `lse: f32[out_rows, heads]`;
+/// `parts` holds the pieces one after the other, each `[index.len(), heads, head_dim]` (and
+/// `[index.len(), heads]` of lse), as one prefill call over a table of one sequence per piece
+/// writes them. Indices must be distinct (an index >= `out_rows` is skipped). Every piece is weighed at once and the sum kept
 /// in f32, one launch whatever the count (a tree of [`merge_state`] calls took log2(pieces) + 1
 /// launches and rounded to bf16 at each level). An empty piece (lse `-inf`) weighs nothing.
 #[allow(clippy::too_many_arguments)]

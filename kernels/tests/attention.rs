@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
-use kernels::merge::{PartialState, merge_pieces_into, merge_state, merge_state_into};
+use kernels::merge::{PartialState, merge_pieces_into, merge_state};
 use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
 };
@@ -652,10 +652,10 @@ fn cascade_partials_merged_equal_flat_attention() {
     }
 }
 
-/// Folding a partial state into gathered rows in place equals merge_state on those rows, and
+/// Folding one partial state into gathered rows in place equals merge_state on those rows, and
 /// leaves every other row as it was.
 #[test]
-fn merge_state_into_gathered_rows_equals_merge_state() {
+fn one_piece_merged_into_gathered_rows_equals_merge_state() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(29);
     let (tokens, heads, d) = (9, 4, 64);
@@ -699,7 +699,7 @@ fn merge_state_into_gathered_rows_equals_merge_state() {
 
     let (mut d_o, mut d_lse) = (gpu.upload(&o).unwrap(), gpu.upload(&lse).unwrap());
     let d_index = gpu.upload(&index).unwrap();
-    merge_state_into(&gpu, &mut d_o, &mut d_lse, &b, &d_index, heads, d).unwrap();
+    merge_pieces_into(&gpu, &mut d_o, &mut d_lse, &b, 1, &d_index, heads, d).unwrap();
     let (got_o, got_lse) = (gpu.download(&d_o).unwrap(), gpu.download(&d_lse).unwrap());
     let row = heads * d;
     for t in 0..tokens {

@@ -38,46 +38,14 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
     if (lse_out != nullptr && i % chunks == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
 }
 
-// Cascade with gathered queries: a partial state computed for gathered rows (o_part [n, H, D],
-// lse_part [n, H], where gathered row i is token index[i]) is folded into the main state
-// (o [T, H, D], lse [T, H]) in place. One thread per (gathered row, head) owns that head's D
-// values and its lse, so reading and rewriting them needs no synchronisation. Indices at or past
-// `out_rows` are skipped.
-extern "C" __global__ void merge_state_into(bf16* __restrict__ o, float* __restrict__ lse,
-                                            const bf16* __restrict__ o_part,
-                                            const float* __restrict__ lse_part,
-                                            const u32* __restrict__ index, int rows,
-                                            int out_rows, int heads, int head_dim) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * heads) return;
-    const u32 token = index[i / heads];
-    if (token >= (u32)out_rows) return;
-    const size_t dst = (size_t)token * heads + i % heads;
-    const float la = lse[dst], lb = lse_part[i];
-    const float m = fmaxf(la, lb);
-    if (m == neg_inf()) return;  // both parts empty: nothing to add
-    const float wa = expf(la - m), wb = expf(lb - m);
-    const float total = wa + wb;
-    uint4* out = reinterpret_cast<uint4*>(o + dst * head_dim);
-    const uint4* part = reinterpret_cast<const uint4*>(o_part + i * head_dim);
-    for (int c = 0; c < head_dim / 8; ++c) {
-        float a[8], b[8];
-        chunk_to_float(out[c], a);
-        chunk_to_float(part[c], b);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = (a[k] * wa + b[k] * wb) / total;
-        out[c] = float_to_chunk(a);
-    }
-    lse[dst] = m + logf(total);
-}
-
-// Split-KV: `pieces` partial states of the same gathered rows folded into the main state in one
-// pass (piece p's state of gathered row i, head h is at [(p * rows + i) * heads + h]). One thread
-// per 16-byte chunk of a (gathered row, head): it reads every piece's lse and its chunk of every
-// piece's output and keeps the weighted sum in f32, so the result is rounded to bf16 once (a tree
-// of pairwise merges rounds at every level, and takes a launch a level). The threads of a row
-// are one warp's neighbours: all of them read the row's old lse before its first chunk's thread
-// rewrites it.
+// Cascade with gathered queries, and split-KV: `pieces` partial states computed for gathered rows
+// (gathered row i is token index[i]; piece p's state of row i, head h is at
+// [(p * rows + i) * heads + h]) folded into the main state (o [T, H, D], lse [T, H]) in one
+// pass. Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered
+// row, head): it reads every piece's lse and its chunk of every piece's output and keeps the
+// weighted sum in f32, so the result is rounded to bf16 once (a tree of pairwise merges rounds
+// at every level, and takes a launch a level). The threads of a row are one warp's neighbours:
+// all of them read the row's old lse before its first chunk's thread rewrites it.
 extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __restrict__ lse,
                                              const bf16* __restrict__ o_parts,
                                              const float* __restrict__ lse_parts,
