@@ -56,6 +56,8 @@
 #define SAMPLE_BINS 4096     // 12-bit histograms
 #define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
 #define SORT_LIST 2048       // a top-k list rank 0 sorts (a power of two, <= SAMPLE_LIST)
+#define FILTER_LIST 2560     // the filtered top-k list: the list's first half (segments: the second)
+#define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
@@ -97,7 +99,9 @@ struct SampleShared {
     float maxes[MAX_CLUSTER];    // each block's maximum
     u64 found[2];
     u32 found_bin;
-    u32 list_count;
+    u32 list_count;  // entries gathered into rank 0's list (the filter: into every block's count)
+    u32 floor;       // the filter: the largest warp threshold of the cluster
+    u32 filled;      // the filter: warps whose segment filled with equal keys
 };
 
 // Cluster primitives (inline PTX, sm_90): shared addresses are 32-bit offsets in the shared
@@ -228,9 +232,10 @@ __device__ __forceinline__ float chunk_logit(const bf16*, const uint4 c, int j) 
 // in 16-byte chunks; one logit per thread for the unaligned head and the tail. Every thread of
 // the block makes the same number of calls, with ok false where it has no logit, so that f may
 // use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
-// its next LOADS_AHEAD chunks in flight while it works on the current one (a queue in registers,
-// streamed past the L1 cache), and f appears once per logit of a chunk, so a logit costs f and
-// little more.
+// LOADS_AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them
+// so that each stays in its own registers: slot a is read, then reloaded with the chunk
+// LOADS_AHEAD turns later. A queue shifted one slot a turn would wait, at the shift, for every
+// load in it, leaving one in flight.
 #define LOADS_AHEAD 4
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -261,16 +266,18 @@ __device__ __forceinline__ void for_each_logit(const T* row, int begin, int end,
         ahead[a] = c < n ? load_stream(chunks + c) : none;
     }
 #pragma unroll 1
-    for (int c = t; c - t < n; c += step) {
-        const uint4 chunk = ahead[0];
+    for (int c0 = t; c0 - t < n; c0 += LOADS_AHEAD * step) {
 #pragma unroll
-        for (int a = 0; a + 1 < LOADS_AHEAD; ++a) ahead[a] = ahead[a + 1];
-        const int next = c + LOADS_AHEAD * step;
-        ahead[LOADS_AHEAD - 1] = next < n ? load_stream(chunks + next) : none;
-        const bool ok = c < n;
-        const int i = body + c * V;
+        for (int a = 0; a < LOADS_AHEAD; ++a) {
+            const int c = c0 + a * step;
+            if (c - t >= n) break;  // the same turn for every thread
+            const bool ok = c < n;
+            const int i = body + c * V;
 #pragma unroll
-        for (int j = 0; j < V; ++j) f(i + j, chunk_logit(row, chunk, j), ok);
+            for (int j = 0; j < V; ++j) f(i + j, chunk_logit(row, ahead[a], j), ok);
+            const int next = c + LOADS_AHEAD * step;
+            ahead[a] = next < n ? load_stream(chunks + next) : none;
+        }
     }
     const int tail = body + n * V;
     if (tail < end) {
@@ -598,6 +605,186 @@ __device__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take) {
     });
 }
 
+// Top-k in one pass: every warp keeps, in its own segment of its block's list, the logits at or
+// above a threshold it raises as it reads (a streaming top-k: a logit among the row's k largest
+// is among its warp's k largest). When the segment is nearly full, the threshold rises to a lower
+// bound on the segment's k-th largest key and the segment keeps only the logits at or above it.
+// No histogram and no block barrier while reading: a logit costs a compare and a vote, and the
+// pass runs at the speed of the loads.
+
+// Warp: a lower bound on the k-th largest key of the n entries in seg (n >= k) that leaves few
+// more than k keys at or above it: the largest v with at least k keys >= v, found bit by bit
+// from the highest bit in which the keys differ, over its next SELECT_BITS bits (the bits below
+// stay 0). Fewer bits would leave so many keys above the bound, where the keys straddle a power
+// of two, that the segment would fill again at once.
+#define SELECT_BITS 16
+__device__ u32 warp_kth_bound(const u64* seg, int n, int k) {
+    const int lane = threadIdx.x & 31;
+    u32 keys[SEGMENT_PER_LANE];
+    u32 hi = 0, lo = ~0u;
+#pragma unroll
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
+        const bool in = m * 32 + lane < n;
+        keys[m] = in ? (u32)(seg[m * 32 + lane] >> 32) : 0u;
+        hi = in ? max(hi, keys[m]) : hi;
+        lo = in ? min(lo, keys[m]) : lo;
+    }
+    hi = __reduce_max_sync(FULL_MASK, hi);
+    lo = __reduce_min_sync(FULL_MASK, lo);
+    if (hi == lo) return lo;
+    const int top = 31 - __clz(hi ^ lo);
+    u32 v = hi & ~((2u << top) - 1u);  // the bits every key shares; n >= k keys are >= v
+    for (int bit = top; bit >= 0 && bit > top - SELECT_BITS; --bit) {
+        const u32 t = v | (1u << bit);
+        u32 at_least = 0;
+#pragma unroll
+        for (int m = 0; m < SEGMENT_PER_LANE; ++m) at_least += m * 32 + lane < n && keys[m] >= t;
+        if ((int)__reduce_add_sync(FULL_MASK, at_least) >= k) v = t;
+    }
+    return v;
+}
+
+// Warp: keeps the entries of seg with key >= v, in order; returns how many.
+__device__ int warp_keep_from(u64* seg, int n, u32 v) {
+    const int lane = threadIdx.x & 31;
+    u64 e[SEGMENT_PER_LANE];
+#pragma unroll
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) e[m] = m * 32 + lane < n ? seg[m * 32 + lane] : 0ull;
+    __syncwarp();
+    int kept = 0;
+#pragma unroll
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
+        const bool keep = m * 32 + lane < n && (u32)(e[m] >> 32) >= v;
+        const u32 b = __ballot_sync(FULL_MASK, keep);
+        if (keep) seg[kept + __popc(b & ((1u << lane) - 1))] = e[m];
+        kept += __popc(b);
+    }
+    __syncwarp();
+    return kept;
+}
+
+// Warp: the segment cut to the keys at or above warp_kth_bound. Returns the bound << 32 | the
+// entries left.
+__device__ __noinline__ u64 shrink_segment(u64* seg, int n, int k) {
+    __syncwarp();  // every lane's entry is written
+    const u32 v = warp_kth_bound(seg, n, k);
+    return (u64)v << 32 | (u32)warp_keep_from(seg, n, v);
+}
+
+// Pass 1 of a top-k row: the block's maximum, and every warp's segment holding at least its k
+// largest logits (all of them when it has fewer). Returns the warp's threshold, a lower bound on
+// its k-th largest key (0 when it never shrank), and its entry count in `n`, or -1 when equal
+// keys filled the segment (the histogram path then takes the row).
+template <typename T>
+__device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, float& mx, int& count) {
+    const int k = c.p.top_k;
+    const u32 below = (1u << (threadIdx.x & 31)) - 1;
+    u32 threshold = 0;
+    int n = 0;
+    bool full = false;
+    float m = neg_inf();
+    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
+        m = ok ? fmaxf(m, x) : m;
+        const u32 key = order_key(x);
+        const bool take = ok && !full && key >= threshold;
+        const u32 b = __ballot_sync(FULL_MASK, take);
+        if (b == 0) return;
+        if (take) seg[n + __popc(b & below)] = (u64)key << 32 | (u32)i;
+        n += __popc(b);
+        if (n > capacity - 32) {
+            const u64 r = shrink_segment(seg, n, k);
+            threshold = (u32)(r >> 32);
+            n = (int)(u32)r;
+            full = n > capacity - 32;
+        }
+    });
+    mx = m;
+    if (!full && n > k) {
+        const u64 r = shrink_segment(seg, n, k);
+        threshold = (u32)(r >> 32);
+        n = (int)(u32)r;
+    }
+    count = full ? -1 : n;
+    return threshold;
+}
+
+// Every warp's threshold is a lower bound on the row's k-th largest key: the largest of them,
+// `floor`, is one too. Each warp sends its threshold (or, when its segment filled, a mark) to
+// every block of the cluster; the caller's cluster barrier follows.
+__device__ void share_floor(SampleShared& s, u32 threshold, int n, int ranks) {
+    const int lane = threadIdx.x & 31;
+    if (lane >= ranks) return;
+    if (n < 0) {
+        add_remote(remote(&s.filled, lane), 1);
+    } else {
+        asm volatile("red" DSMEM ".max.u32 [%0], %1;" ::"r"(remote(&s.floor, lane)), "r"(threshold)
+                     : "memory");
+    }
+}
+
+// Every warp's entries at or above the floor appended to rank 0's list (its first FILTER_LIST
+// entries), their count added to every block's list_count, so that each block knows the total
+// after the caller's cluster barrier.
+__device__ void gather_segments(SampleShared& s, u64* seg, int n, u32 floor, int ranks) {
+    const int lane = threadIdx.x & 31;
+    const u32 list0 = remote(s.list, 0);
+    const u32 below = (1u << lane) - 1;
+    u32 base = 0;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        const u64 e = j0 + lane < n ? seg[j0 + lane] : 0ull;
+        const bool take = j0 + lane < n && (u32)(e >> 32) >= floor;
+        const u32 b = __ballot_sync(FULL_MASK, take);
+        if (take) seg[base + __popc(b & below)] = e;  // compacted in place
+        base += __popc(b);
+    }
+    __syncwarp();
+    if (base == 0) return;
+    u32 start = 0;
+    if (lane == 0) start = atomic_add_remote(remote(&s.list_count, 0), base);
+    if (lane > 0 && lane < ranks) add_remote(remote(&s.list_count, lane), base);
+    start = __shfl_sync(FULL_MASK, start, 0);
+    for (u32 j = lane; j < base; j += 32)
+        if (start + j < FILTER_LIST) store_remote(list0 + 8 * (start + j), seg[j]);
+}
+
+// Rank 0: its list (n <= FILTER_LIST entries, among them the row's k largest) cut to few more
+// than the k largest, for finish_in_list to sort: rounds of a 256-bin count histogram of the 8
+// bits under the highest bit in which the keys differ, keeping the bins from the top down to the
+// one that holds the k-th key.
+__device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
+    for (int round = 0; round < 4 && n > 2 * k; ++round) {
+        u64 hi = 0, lo = 0;  // the largest key, and the largest complement: the smallest key
+        for (int j = threadIdx.x; j < n; j += block_size()) {
+            const u32 key = (u32)(s.list[j] >> 32);
+            hi = max(hi, (u64)key);
+            lo = max(lo, (u64)~key);
+        }
+        hi = block_max_u64(hi, s);
+        lo = ~(u32)block_max_u64(lo, s);
+        if (hi == lo) break;
+        const int shift = max(0, 31 - __clz((u32)(hi ^ lo)) - 7);
+        for (int b = threadIdx.x; b < LIST_BINS; b += block_size()) s.small[b] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += block_size())
+            atomicAdd(&s.small[(u32)(s.list[j] >> (32 + shift)) & 255u], 1u);
+        __syncthreads();
+        const u32 bin =
+            find_crossing<false>(s.small, nullptr, LIST_BINS, 0, [=](u64) { return (u64)k; }, s).bin;
+        if (threadIdx.x == 0) s.list_count = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += block_size()) {
+            const u64 e = s.list[j];
+            if (((u32)(e >> (32 + shift)) & 255u) >= bin) s.list[FILTER_LIST + atomicAdd(&s.list_count, 1u)] = e;
+        }
+        __syncthreads();
+        n = (int)s.list_count;
+        for (int j = threadIdx.x; j < n; j += block_size()) s.list[j] = s.list[FILTER_LIST + j];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) s.list_count = n;
+    __syncthreads();
+}
+
 // This block's count and mass of the logits with key > `key`, and count of those at `key`,
 // written into every block's s.sums[.][rank] (the caller's cluster barrier follows).
 template <typename T>
@@ -734,18 +921,14 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
     return prefix;  // not reached: level 2 returns
 }
 
-// Rank 0: sorts the first n entries of its list (n <= SORT_LIST) in descending order, zeros
-// padding them to a power of two (zeros sort last). A bitonic sort: log2(size)^2 / 2 rounds of
-// independent compare-exchanges, a block barrier after each; a few microseconds for the few
-// hundred entries a top-k list holds.
-__device__ void sort_list(SampleShared& s, int n) {
-    int size = 1;
-    while (size < n) size <<= 1;
-    for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
-    __syncthreads();
+// Rank 0: sorts the first n entries of its list in descending order, zeros padding them to a
+// power of two (zeros sort last). A bitonic sort: log2(size)^2 / 2 rounds of independent
+// compare-exchanges, a barrier after each: of one warp for up to 64 entries (a top-k list of
+// tens), else of the block.
+__device__ void bitonic_sort(SampleShared& s, int size, int from, int step, bool one_warp) {
     for (int k = 2; k <= size; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < size / 2; i += block_size()) {
+            for (int i = from; i < size / 2; i += step) {
                 const int a = 2 * i - (i & (j - 1)), b = a + j;
                 const u64 x = s.list[a], y = s.list[b];
                 if ((a & k) == 0 ? x < y : x > y) {
@@ -753,9 +936,26 @@ __device__ void sort_list(SampleShared& s, int n) {
                     s.list[b] = x;
                 }
             }
-            __syncthreads();
+            if (one_warp) {
+                __syncwarp();
+            } else {
+                __syncthreads();
+            }
         }
     }
+}
+
+__device__ void sort_list(SampleShared& s, int n) {
+    int size = 1;
+    while (size < n) size <<= 1;
+    for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
+    __syncthreads();
+    if (size > 64) {
+        bitonic_sort(s, size, threadIdx.x, block_size(), false);
+        return;
+    }
+    if (threadIdx.x < 32) bitonic_sort(s, size, threadIdx.x, 32, true);
+    __syncthreads();
 }
 
 // Rank 0: the first position of its (sorted) list at which the running sum of weight(entry) from
@@ -943,15 +1143,27 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         argmax(c, s, out);
         return;
     }
-    clear_histogram(s);
-    __syncthreads();
-    cluster_arrive();  // as above; rank 0's histogram is clear before any block adds to it
     const bool top_k_on = c.p.top_k > 0 && c.p.top_k < vocab;
     const bool top_p_on = c.p.top_p < 1.f;
+    const int capacity = FILTER_LIST / (block_size() >> 5);  // a warp's segment
+    const bool filter = top_k_on && c.p.top_k <= capacity / 2;
+    if (filter) {
+        if (threadIdx.x == 0) s.list_count = s.floor = s.filled = 0;
+    } else {
+        clear_histogram(s);
+    }
+    __syncthreads();
+    cluster_arrive();  // as above; rank 0's histogram or list is clear before any block adds to it
 
-    // Pass 1: the maximum, and with top-k a histogram of counts of the keys' top 12 bits.
+    // Pass 1: the maximum; with top-k, every warp's k largest logits (a histogram of counts of
+    // the keys' top 12 bits when k is too large for the warps' segments).
     float mx = neg_inf();
-    if (top_k_on) {
+    u64* segment = s.list + FILTER_LIST + (threadIdx.x >> 5) * capacity;
+    int filtered = 0;
+    u32 threshold = 0;
+    if (filter) {
+        threshold = filter_top_k(c, segment, capacity, mx, filtered);
+    } else if (top_k_on) {
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
             warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
@@ -964,11 +1176,37 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     mx = block_max(mx, s);
     cluster_wait();
     if (threadIdx.x < c.ranks) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
-    if (top_k_on) merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
+    if (filter) {
+        share_floor(s, threshold, filtered, c.ranks);
+    } else if (top_k_on) {
+        merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
+    }
     cluster_sync();
     for (int r = 0; r < c.ranks; ++r) mx = fmaxf(mx, s.maxes[r]);
     c.max = mx;
 
+    if (filter) {
+        if (s.filled == 0) {
+            gather_segments(s, segment, filtered, s.floor, c.ranks);
+            cluster_sync();  // rank 0's list is complete, and every block knows its length
+        }
+        const int n = (int)s.list_count;
+        if (s.filled == 0 && n <= FILTER_LIST) {
+            if (c.rank == 0) {
+                cut_list(s, n, c.p.top_k);
+                finish_in_list(c, s, out);
+            }
+            return;
+        }
+        // Segments filled with equal keys: the histogram of counts, in a pass of its own.
+        clear_histogram(s);
+        __syncthreads();
+        cluster_sync();  // every block's histogram is clear, rank 0's before any block adds to it
+        build_histogram<T, false>(c, s, 20, SAMPLE_BINS, 0, 0,
+                                  Query{false, 0, (u64)c.p.top_k, false});
+        merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
+        cluster_sync();
+    }
     if (top_k_on) {
         const u64 k = (u64)c.p.top_k;
         if (c.rank == 0)
