@@ -39,6 +39,11 @@
 //   the k-th logit's bin and above, hence every candidate: rank 0 also draws the token from it.
 // - When a bin is too full to gather (many equal logits), the next 12 bits, then the last 8, are
 //   histogrammed among the logits of that bin: slower, same answer.
+// - Top-k with a small k on a large vocabulary skips the histogram: pass 1 keeps every warp's k
+//   largest logits behind a threshold that rises as the warp reads (filter_top_k), the largest
+//   threshold of the cluster bounds the row's k-th logit from below, and the logits at or above
+//   it go to rank 0's list, which is cut to few more than k and finished as above. Equal logits
+//   that fill a warp's segment send the row back to the histogram.
 // - The draw: each block's candidate mass tells which block holds the token; that block's slice
 //   is cut into one small piece per thread of the cluster, a scan over the pieces finds the
 //   piece, and its thread walks it.
@@ -56,7 +61,7 @@
 #define SAMPLE_BINS 4096     // 12-bit histograms
 #define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
 #define SORT_LIST 2048       // a top-k list rank 0 sorts (a power of two, <= SAMPLE_LIST)
-#define FILTER_LIST 2560     // the filtered top-k list: the list's first half (segments: the second)
+#define FILTER_LIST 2560     // the gathered top-k list (the list's second half: cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
 #define FIXED_ONE 1099511627776.0f  // 2^40
@@ -102,6 +107,7 @@ struct SampleShared {
     u32 list_count;  // entries gathered into rank 0's list (the filter: into every block's count)
     u32 floor;       // the filter: the largest warp threshold of the cluster
     u32 filled;      // the filter: warps whose segment filled with equal keys
+    u32 block_floor; // the filter: the largest warp threshold of the block so far
 };
 
 // Cluster primitives (inline PTX, sm_90): shared addresses are 32-bit offsets in the shared
@@ -228,12 +234,13 @@ __device__ __forceinline__ float chunk_logit(const bf16*, const uint4 c, int j) 
     return __uint_as_float(j & 1 ? w & 0xffff0000u : w << 16);
 }
 
-// Calls f(index, logit, ok) for the logits in [begin, end), shared out among the block's threads
-// in 16-byte chunks; one logit per thread for the unaligned head and the tail. Every thread of
-// the block makes the same number of calls, with ok false where it has no logit, so that f may
-// use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
-// LOADS_AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them
-// so that each stays in its own registers: slot a is read, then reloaded with the chunk
+// Calls g(index, x, valid) for the logits in [begin, end), shared out among the block's threads
+// in 16-byte chunks: x holds the chunk's logits (16 / sizeof(T) of them) from `index` on, and the
+// first `valid` are the thread's (0 when it has none this turn); the unaligned head and the tail
+// come one logit per thread. Every thread of the block makes the same number of calls, so that g
+// may use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread
+// keeps LOADS_AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over
+// them so that each stays in its own registers: slot a is read, then reloaded with the chunk
 // LOADS_AHEAD turns later. A queue shifted one slot a turn would wait, at the shift, for every
 // load in it, leaving one in flight.
 #define LOADS_AHEAD 4
@@ -245,16 +252,20 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, F f) {
+template <typename T, typename G>
+__device__ __forceinline__ void for_each_chunk(const T* row, int begin, int end, G g) {
     constexpr int V = 16 / sizeof(T);
     const int t = threadIdx.x;
+    float x[V];
+    const auto one_logit = [&](int i, bool ok) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) x[j] = 0.f;
+        x[0] = ok ? load_logit(row, i) : 0.f;
+        g(i, x, ok ? 1 : 0);
+    };
     const int misaligned = (int)((reinterpret_cast<size_t>(row + begin) & 15) / sizeof(T));
     const int body = min(end, begin + (misaligned ? V - misaligned : 0));
-    if (begin < body) {
-        const bool ok = begin + t < body;
-        f(begin + t, ok ? load_logit(row, begin + t) : 0.f, ok);
-    }
+    if (begin < body) one_logit(begin + t, begin + t < body);
     const uint4* chunks = reinterpret_cast<const uint4*>(row + body);
     const int n = (end - body) / V;
     const uint4 none = make_uint4(0, 0, 0, 0);
@@ -271,19 +282,25 @@ __device__ __forceinline__ void for_each_logit(const T* row, int begin, int end,
         for (int a = 0; a < LOADS_AHEAD; ++a) {
             const int c = c0 + a * step;
             if (c - t >= n) break;  // the same turn for every thread
-            const bool ok = c < n;
-            const int i = body + c * V;
 #pragma unroll
-            for (int j = 0; j < V; ++j) f(i + j, chunk_logit(row, ahead[a], j), ok);
+            for (int j = 0; j < V; ++j) x[j] = chunk_logit(row, ahead[a], j);
+            g(body + c * V, x, c < n ? V : 0);
             const int next = c + LOADS_AHEAD * step;
             ahead[a] = next < n ? load_stream(chunks + next) : none;
         }
     }
     const int tail = body + n * V;
-    if (tail < end) {
-        const bool ok = tail + t < end;
-        f(tail + t, ok ? load_logit(row, tail + t) : 0.f, ok);
-    }
+    if (tail < end) one_logit(tail + t, tail + t < end);
+}
+
+// Calls f(index, logit, ok) for the logits in [begin, end) as for_each_chunk shares them out,
+// logit by logit (ok false where the thread has none).
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, F f) {
+    for_each_chunk(row, begin, end, [&](int i, const float* x, int valid) {
+#pragma unroll
+        for (int j = 0; j < 16 / (int)sizeof(T); ++j) f(i + j, x[j], j < valid);
+    });
 }
 
 __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
@@ -609,15 +626,16 @@ __device__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take) {
 // above a threshold it raises as it reads (a streaming top-k: a logit among the row's k largest
 // is among its warp's k largest). When the segment is nearly full, the threshold rises to a lower
 // bound on the segment's k-th largest key and the segment keeps only the logits at or above it.
-// No histogram and no block barrier while reading: a logit costs a compare and a vote, and the
-// pass runs at the speed of the loads.
+// No histogram and no block barrier while reading: a chunk costs a compare a logit and a few
+// votes. The shrinks (three or four a warp on a 151,936-logit row, a few thousand cycles each)
+// are what the pass spends beyond its loads.
 
 // Warp: a lower bound on the k-th largest key of the n entries in seg (n >= k) that leaves few
 // more than k keys at or above it: the largest v with at least k keys >= v, found bit by bit
 // from the highest bit in which the keys differ, over its next SELECT_BITS bits (the bits below
 // stay 0). Fewer bits would leave so many keys above the bound, where the keys straddle a power
 // of two, that the segment would fill again at once.
-#define SELECT_BITS 16
+#define SELECT_BITS 12
 __device__ u32 warp_kth_bound(const u64* seg, int n, int k) {
     const int lane = threadIdx.x & 31;
     u32 keys[SEGMENT_PER_LANE];
@@ -672,30 +690,52 @@ __device__ __noinline__ u64 shrink_segment(u64* seg, int n, int k) {
 }
 
 // Pass 1 of a top-k row: the block's maximum, and every warp's segment holding at least its k
-// largest logits (all of them when it has fewer). Returns the warp's threshold, a lower bound on
-// its k-th largest key (0 when it never shrank), and its entry count in `n`, or -1 when equal
-// keys filled the segment (the histogram path then takes the row).
+// largest logits (all of them when it has fewer). A chunk at a time: each lane marks its logits
+// at or above the threshold, and one vote per bit of the lanes' counts places them. A warp's
+// threshold is a lower bound on its own k-th largest key, hence on the row's, so the warps of a
+// block share the largest (`block_floor`) at each shrink. Returns the warp's threshold (0 when it
+// never shrank) and its entry count in `count`, or -1 when equal keys filled the segment (the
+// histogram path then takes the row).
 template <typename T>
-__device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, float& mx, int& count) {
+__device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_floor, float& mx,
+                            int& count) {
+    constexpr int V = 16 / sizeof(T);
     const int k = c.p.top_k;
     const u32 below = (1u << (threadIdx.x & 31)) - 1;
     u32 threshold = 0;
     int n = 0;
     bool full = false;
     float m = neg_inf();
-    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
-        m = ok ? fmaxf(m, x) : m;
-        const u32 key = order_key(x);
-        const bool take = ok && !full && key >= threshold;
-        const u32 b = __ballot_sync(FULL_MASK, take);
-        if (b == 0) return;
-        if (take) seg[n + __popc(b & below)] = (u64)key << 32 | (u32)i;
-        n += __popc(b);
-        if (n > capacity - 32) {
+    for_each_chunk(c.row, c.begin, c.end, [&](int i, const float* x, int valid) {
+        u32 takes = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            m = j < valid ? fmaxf(m, x[j]) : m;
+            takes |= j < valid && order_key(x[j]) >= threshold ? 1u << j : 0u;
+        }
+        const int mine = full ? 0 : __popc(takes);
+        if (!__any_sync(FULL_MASK, mine)) return;
+        int before = 0, total = 0;
+#pragma unroll
+        for (int bit = 0; (1 << bit) <= V; ++bit) {
+            const u32 vote = __ballot_sync(FULL_MASK, mine >> bit & 1);
+            before += __popc(vote & below) << bit;
+            total += __popc(vote) << bit;
+        }
+        if (mine) {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                if (takes >> j & 1) seg[n + before++] = (u64)order_key(x[j]) << 32 | (u32)(i + j);
+        }
+        n += total;
+        if (n > capacity - 32 * V) {
             const u64 r = shrink_segment(seg, n, k);
-            threshold = (u32)(r >> 32);
             n = (int)(u32)r;
-            full = n > capacity - 32;
+            full = n > capacity - 32 * V;
+            // Any warp's bound is the row's: the block's largest so far, for every warp.
+            u32 shared = 0;
+            if ((threadIdx.x & 31) == 0) shared = atomicMax(block_floor, (u32)(r >> 32));
+            threshold = max((u32)(r >> 32), __shfl_sync(FULL_MASK, shared, 0));
         }
     });
     mx = m;
@@ -722,29 +762,39 @@ __device__ void share_floor(SampleShared& s, u32 threshold, int n, int ranks) {
     }
 }
 
-// Every warp's entries at or above the floor appended to rank 0's list (its first FILTER_LIST
-// entries), their count added to every block's list_count, so that each block knows the total
-// after the caller's cluster barrier.
-__device__ void gather_segments(SampleShared& s, u64* seg, int n, u32 floor, int ranks) {
+// Every warp's entries at or above the floor appended to rank 0's list, their count added to
+// every block's list_count, so that each block knows the total after the caller's cluster
+// barrier. The segments fill the blocks' lists, rank 0's too: each warp takes its entries into
+// registers, and a cluster barrier passes before any is written into rank 0's list.
+__device__ void gather_segments(SampleShared& s, const u64* seg, int n, u32 floor, int ranks) {
     const int lane = threadIdx.x & 31;
-    const u32 list0 = remote(s.list, 0);
     const u32 below = (1u << lane) - 1;
-    u32 base = 0;
-    for (int j0 = 0; j0 < n; j0 += 32) {
-        const u64 e = j0 + lane < n ? seg[j0 + lane] : 0ull;
-        const bool take = j0 + lane < n && (u32)(e >> 32) >= floor;
-        const u32 b = __ballot_sync(FULL_MASK, take);
-        if (take) seg[base + __popc(b & below)] = e;  // compacted in place
-        base += __popc(b);
+    u64 e[SEGMENT_PER_LANE];
+    u32 takes = 0;
+    int total = 0;
+#pragma unroll
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
+        const bool in = m * 32 + lane < n;
+        e[m] = in ? seg[m * 32 + lane] : 0ull;
+        const bool take = in && (u32)(e[m] >> 32) >= floor;
+        takes |= take ? 1u << m : 0u;
+        total += __popc(__ballot_sync(FULL_MASK, take));
     }
-    __syncwarp();
-    if (base == 0) return;
+    cluster_sync();  // every warp of rank 0 holds its entries
+    if (total == 0) return;
     u32 start = 0;
-    if (lane == 0) start = atomic_add_remote(remote(&s.list_count, 0), base);
-    if (lane > 0 && lane < ranks) add_remote(remote(&s.list_count, lane), base);
+    if (lane == 0) start = atomic_add_remote(remote(&s.list_count, 0), (u32)total);
+    if (lane > 0 && lane < ranks) add_remote(remote(&s.list_count, lane), (u32)total);
     start = __shfl_sync(FULL_MASK, start, 0);
-    for (u32 j = lane; j < base; j += 32)
-        if (start + j < FILTER_LIST) store_remote(list0 + 8 * (start + j), seg[j]);
+    const u32 list0 = remote(s.list, 0);
+#pragma unroll
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
+        const bool take = takes >> m & 1;
+        const u32 vote = __ballot_sync(FULL_MASK, take);
+        const u32 at = start + __popc(vote & below);
+        if (take && at < FILTER_LIST) store_remote(list0 + 8 * at, e[m]);
+        start += __popc(vote);
+    }
 }
 
 // Rank 0: its list (n <= FILTER_LIST entries, among them the row's k largest) cut to few more
@@ -921,10 +971,9 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
     return prefix;  // not reached: level 2 returns
 }
 
-// Rank 0: sorts the first n entries of its list in descending order, zeros padding them to a
-// power of two (zeros sort last). A bitonic sort: log2(size)^2 / 2 rounds of independent
-// compare-exchanges, a barrier after each: of one warp for up to 64 entries (a top-k list of
-// tens), else of the block.
+// The compare-exchange rounds of a bitonic sort of the list's first `size` entries (a power of
+// two), in descending order, shared out among threads from, from + step, ...: log2(size)^2 / 2
+// rounds, each followed by a barrier of one warp or of the block.
 __device__ void bitonic_sort(SampleShared& s, int size, int from, int step, bool one_warp) {
     for (int k = 2; k <= size; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
@@ -945,12 +994,15 @@ __device__ void bitonic_sort(SampleShared& s, int size, int from, int step, bool
     }
 }
 
+// Rank 0: sorts the first n entries of its list in descending order, zeros padding them to a
+// power of two (zeros sort last). One warp sorts up to 256 entries (a top-k list of tens: a
+// warp's barrier costs far less than the block's), the block a longer list.
 __device__ void sort_list(SampleShared& s, int n) {
     int size = 1;
     while (size < n) size <<= 1;
     for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
     __syncthreads();
-    if (size > 64) {
+    if (size > 256) {
         bitonic_sort(s, size, threadIdx.x, block_size(), false);
         return;
     }
@@ -1145,10 +1197,15 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     }
     const bool top_k_on = c.p.top_k > 0 && c.p.top_k < vocab;
     const bool top_p_on = c.p.top_p < 1.f;
-    const int capacity = FILTER_LIST / (block_size() >> 5);  // a warp's segment
-    const bool filter = top_k_on && c.p.top_k <= capacity / 2;
+    // A warp's segment: 32 * SEGMENT_PER_LANE entries of the list at most. The filter keeps room
+    // for a chunk of every lane above the k largest, and pays off where a warp reads far more
+    // logits than k (a small vocabulary's warps would each keep most of what they read).
+    const int warps = block_size() >> 5;
+    const int capacity = min(32 * SEGMENT_PER_LANE, SAMPLE_LIST / warps);
+    const bool filter = top_k_on && 2 * c.p.top_k <= capacity - 512 / (int)sizeof(T) &&
+                        c.per >= 32 * c.p.top_k * warps;
     if (filter) {
-        if (threadIdx.x == 0) s.list_count = s.floor = s.filled = 0;
+        if (threadIdx.x == 0) s.list_count = s.floor = s.filled = s.block_floor = 0;
     } else {
         clear_histogram(s);
     }
@@ -1158,11 +1215,11 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     // Pass 1: the maximum; with top-k, every warp's k largest logits (a histogram of counts of
     // the keys' top 12 bits when k is too large for the warps' segments).
     float mx = neg_inf();
-    u64* segment = s.list + FILTER_LIST + (threadIdx.x >> 5) * capacity;
+    u64* segment = s.list + (threadIdx.x >> 5) * capacity;
     int filtered = 0;
     u32 threshold = 0;
     if (filter) {
-        threshold = filter_top_k(c, segment, capacity, mx, filtered);
+        threshold = filter_top_k(c, segment, capacity, &s.block_floor, mx, filtered);
     } else if (top_k_on) {
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
