@@ -42,8 +42,10 @@
 // - Top-k with a small k on a large vocabulary skips the histogram: pass 1 keeps every warp's k
 //   largest logits behind a threshold that rises as the warp reads (filter_top_k), the largest
 //   threshold of the cluster bounds the row's k-th logit from below, and the logits at or above
-//   it go to rank 0's list, which is cut to few more than k and finished as above. Equal logits
-//   that fill a warp's segment send the row back to the histogram.
+//   it go to rank 0's list, which is cut to few more than k and finished as above. Logits the
+//   warp's bound cannot tell apart (equal ones, a masked vocabulary's -inf) that fill its
+//   segment, or more logits above the floor than rank 0's list holds, send the row back to the
+//   histogram.
 // - The draw: each block's candidate mass tells which block holds the token; that block's slice
 //   is cut into one small piece per thread of the cluster, a scan over the pieces finds the
 //   piece, and its thread walks it.
@@ -60,8 +62,9 @@
 #define MAX_WARPS 32         // warps a block at most
 #define SAMPLE_BINS 4096     // 12-bit histograms
 #define SAMPLE_LIST 5120     // entries rank 0 can gather (40 KB, shared with the histogram)
-#define SORT_LIST 2048       // a top-k list rank 0 sorts (a power of two, <= SAMPLE_LIST)
-#define FILTER_LIST 2560     // the gathered top-k list (the list's second half: cut_list's scratch)
+#define SORT_LIST 2048       // the histogram path's top-k list that rank 0 sorts (a power of two)
+#define FILTER_LIST 2560     // the filter's gathered top-k list: the list's first half (the second
+                             // is cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
 #define FIXED_ONE 1099511627776.0f  // 2^40
@@ -681,21 +684,21 @@ __device__ int warp_keep_from(u64* seg, int n, u32 v) {
     return kept;
 }
 
-// Warp: the segment cut to the keys at or above warp_kth_bound. Returns the bound << 32 | the
-// entries left.
-__device__ __noinline__ u64 shrink_segment(u64* seg, int n, int k) {
+// Warp: the segment cut to the keys at or above the larger of warp_kth_bound and `known` (a
+// bound the block's other warps found). Returns that threshold << 32 | the entries left.
+__device__ __noinline__ u64 shrink_segment(u64* seg, int n, int k, u32 known) {
     __syncwarp();  // every lane's entry is written
-    const u32 v = warp_kth_bound(seg, n, k);
+    const u32 v = max(warp_kth_bound(seg, n, k), known);
     return (u64)v << 32 | (u32)warp_keep_from(seg, n, v);
 }
 
 // Pass 1 of a top-k row: the block's maximum, and every warp's segment holding at least its k
 // largest logits (all of them when it has fewer). A chunk at a time: each lane marks its logits
-// at or above the threshold, and one vote per bit of the lanes' counts places them. A warp's
-// threshold is a lower bound on its own k-th largest key, hence on the row's, so the warps of a
-// block share the largest (`block_floor`) at each shrink. Returns the warp's threshold (0 when it
-// never shrank) and its entry count in `count`, or -1 when equal keys filled the segment (the
-// histogram path then takes the row).
+// at or above the threshold, and one vote per bit of the lanes' counts places them. A warp's own
+// bound is at most its k-th largest key, hence at most the row's, so the warps of a block share
+// the largest (`block_floor`) at each shrink. Returns the warp's threshold, a lower bound on the
+// row's k-th largest key (0 when it never shrank); `count` gets its entry count, or -1 when keys
+// its bound cannot tell apart filled the segment (the histogram path then takes the row).
 template <typename T>
 __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_floor, float& mx,
                             int& count) {
@@ -729,10 +732,12 @@ __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_
         }
         n += total;
         if (n > capacity - 32 * V) {
-            const u64 r = shrink_segment(seg, n, k);
+            // Any warp's bound is the row's: the block's largest so far cuts this segment too.
+            u32 known = 0;
+            if ((threadIdx.x & 31) == 0) known = *(volatile u32*)block_floor;
+            const u64 r = shrink_segment(seg, n, k, __shfl_sync(FULL_MASK, known, 0));
             n = (int)(u32)r;
             full = n > capacity - 32 * V;
-            // Any warp's bound is the row's: the block's largest so far, for every warp.
             u32 shared = 0;
             if ((threadIdx.x & 31) == 0) shared = atomicMax(block_floor, (u32)(r >> 32));
             threshold = max((u32)(r >> 32), __shfl_sync(FULL_MASK, shared, 0));
@@ -740,7 +745,7 @@ __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_
     });
     mx = m;
     if (!full && n > k) {
-        const u64 r = shrink_segment(seg, n, k);
+        const u64 r = shrink_segment(seg, n, k, threshold);
         threshold = (u32)(r >> 32);
         n = (int)(u32)r;
     }
@@ -798,9 +803,9 @@ __device__ void gather_segments(SampleShared& s, const u64* seg, int n, u32 floo
 }
 
 // Rank 0: its list (n <= FILTER_LIST entries, among them the row's k largest) cut to few more
-// than the k largest, for finish_in_list to sort: rounds of a 256-bin count histogram of the 8
-// bits under the highest bit in which the keys differ, keeping the bins from the top down to the
-// one that holds the k-th key.
+// than the k largest, for finish_in_list to sort: rounds of a 256-bin count histogram of the
+// highest bit in which the keys differ and the 7 below it, keeping the bins from the top down to
+// the one that holds the k-th key, until a round cuts nothing.
 __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
     for (int round = 0; round < 4 && n > 2 * k; ++round) {
         u64 hi = 0, lo = 0;  // the largest key, and the largest complement: the smallest key
@@ -827,9 +832,11 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
             if (((u32)(e >> (32 + shift)) & 255u) >= bin) s.list[FILTER_LIST + atomicAdd(&s.list_count, 1u)] = e;
         }
         __syncthreads();
-        n = (int)s.list_count;
-        for (int j = threadIdx.x; j < n; j += block_size()) s.list[j] = s.list[FILTER_LIST + j];
+        const int kept = (int)s.list_count;
+        for (int j = threadIdx.x; j < kept; j += block_size()) s.list[j] = s.list[FILTER_LIST + j];
         __syncthreads();
+        if (kept == n) break;  // the k-th key is in the lowest bin: the next round would repeat
+        n = kept;
     }
     if (threadIdx.x == 0) s.list_count = n;
     __syncthreads();
@@ -1036,8 +1043,9 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
     return (int)s.found_bin;
 }
 
-// Rank 0, top-k on and every logit from the k-th one's bin up in its list (at most SORT_LIST of
-// them): the whole selection and the draw, on the sorted list. The k-th logit is at position
+// Rank 0, top-k on and its list holding every logit at or above the k-th one (at most
+// FILTER_LIST of them, sorted padded to a power of two within the list): the whole selection and
+// the draw, on the sorted list. The k-th logit is at position
 // k - 1; the top-k list of exactly k entries is the first k positions; the top-p threshold is
 // where their running mass reaches its share; the candidates (every logit at or above the
 // threshold) are then sorted again into vocabulary order for the draw.
@@ -1197,12 +1205,15 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     }
     const bool top_k_on = c.p.top_k > 0 && c.p.top_k < vocab;
     const bool top_p_on = c.p.top_p < 1.f;
-    // A warp's segment: 32 * SEGMENT_PER_LANE entries of the list at most. The filter keeps room
-    // for a chunk of every lane above the k largest, and pays off where a warp reads far more
-    // logits than k (a small vocabulary's warps would each keep most of what they read).
+    // The one-pass top-k (filter_top_k) where it pays: a warp's segment (32 * SEGMENT_PER_LANE
+    // entries of the list at most) holds a chunk from every lane on top of twice k; every warp of
+    // the cluster sends rank 0 about k logits, which its list must hold; and a warp reads far
+    // more logits than k (a small vocabulary's warps would each keep most of what they read).
     const int warps = block_size() >> 5;
+    const int chunk = 16 / (int)sizeof(T);
     const int capacity = min(32 * SEGMENT_PER_LANE, SAMPLE_LIST / warps);
-    const bool filter = top_k_on && 2 * c.p.top_k <= capacity - 512 / (int)sizeof(T) &&
+    const bool filter = top_k_on && 2 * c.p.top_k + 32 * chunk <= capacity &&
+                        c.ranks * warps * c.p.top_k <= FILTER_LIST &&
                         c.per >= 32 * c.p.top_k * warps;
     if (filter) {
         if (threadIdx.x == 0) s.list_count = s.floor = s.filled = s.block_floor = 0;
@@ -1216,10 +1227,10 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     // the keys' top 12 bits when k is too large for the warps' segments).
     float mx = neg_inf();
     u64* segment = s.list + (threadIdx.x >> 5) * capacity;
-    int filtered = 0;
+    int segment_count = 0;
     u32 threshold = 0;
     if (filter) {
-        threshold = filter_top_k(c, segment, capacity, &s.block_floor, mx, filtered);
+        threshold = filter_top_k(c, segment, capacity, &s.block_floor, mx, segment_count);
     } else if (top_k_on) {
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
@@ -1234,7 +1245,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     cluster_wait();
     if (threadIdx.x < c.ranks) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
     if (filter) {
-        share_floor(s, threshold, filtered, c.ranks);
+        share_floor(s, threshold, segment_count, c.ranks);
     } else if (top_k_on) {
         merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
     }
@@ -1244,7 +1255,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
 
     if (filter) {
         if (s.filled == 0) {
-            gather_segments(s, segment, filtered, s.floor, c.ranks);
+            gather_segments(s, segment, segment_count, s.floor, c.ranks);
             cluster_sync();  // rank 0's list is complete, and every block knows its length
         }
         const int n = (int)s.list_count;
@@ -1255,7 +1266,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             }
             return;
         }
-        // Segments filled with equal keys: the histogram of counts, in a pass of its own.
+        // A segment filled with keys its bound could not tell apart, or more logits above the
+        // floor than the list holds: the histogram of counts, in a pass of its own.
         clear_histogram(s);
         __syncthreads();
         cluster_sync();  // every block's histogram is clear, rank 0's before any block adds to it
