@@ -1223,8 +1223,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     __syncthreads();
     cluster_arrive();  // as above; rank 0's histogram or list is clear before any block adds to it
 
-    // Pass 1: the maximum; with top-k, every warp's k largest logits (a histogram of counts of
-    // the keys' top 12 bits when k is too large for the warps' segments).
+    // Pass 1: the maximum; with top-k, every warp's k largest logits, or, where the one-pass
+    // top-k does not apply, a histogram of counts of the keys' top 12 bits.
     float mx = neg_inf();
     u64* segment = s.list + (threadIdx.x >> 5) * capacity;
     int segment_count = 0;
