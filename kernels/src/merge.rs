@@ -84,9 +84,10 @@ pub fn merge_state(
 /// attended in pieces. `o: bf16[out_rows, heads, head_dim]`, `lse: f32[out_rows, heads]`;
 /// `parts` holds the pieces one after the other, each `[index.len(), heads, head_dim]` (and
 /// `[index.len(), heads]` of lse), as one prefill call over a table of one sequence per piece
-/// writes them. Indices must be distinct (an index >= `out_rows` is skipped). Every piece is weighed at once and the sum kept
-/// in f32, one launch whatever the count (a tree of [`merge_state`] calls took log2(pieces) + 1
-/// launches and rounded to bf16 at each level). An empty piece (lse `-inf`) weighs nothing.
+/// writes them. Indices must be distinct (an index >= `out_rows` is skipped). Every piece is
+/// weighed at once and the sum kept in f32, one launch whatever the count (a tree of
+/// [`merge_state`] calls took log2(pieces) + 1 launches and rounded to bf16 at each level). An
+/// empty piece (lse `-inf`) weighs nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn merge_pieces_into(
     gpu: &Gpu,

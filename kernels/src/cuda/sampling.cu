@@ -109,7 +109,7 @@ struct SampleShared {
     u32 found_bin;
     u32 list_count;  // entries gathered into rank 0's list (the filter: into every block's count)
     u32 floor;       // the filter: the largest warp threshold of the cluster
-    u32 filled;      // the filter: warps whose segment filled with equal keys
+    u32 filled;      // the filter: warps whose segment filled with keys its bound cannot split
     u32 block_floor; // the filter: the largest warp threshold of the block so far
 };
 
@@ -829,7 +829,8 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size()) {
             const u64 e = s.list[j];
-            if (((u32)(e >> (32 + shift)) & 255u) >= bin) s.list[FILTER_LIST + atomicAdd(&s.list_count, 1u)] = e;
+            if (((u32)(e >> (32 + shift)) & 255u) >= bin)
+                s.list[FILTER_LIST + atomicAdd(&s.list_count, 1u)] = e;
         }
         __syncthreads();
         const int kept = (int)s.list_count;
