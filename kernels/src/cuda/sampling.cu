@@ -67,6 +67,7 @@
                              // is cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
+#define WARP_LIST 128        // a list this short is finished by one warp, 4 entries a lane
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
 struct SampleParams {
@@ -201,11 +202,16 @@ __device__ __forceinline__ float key_value(u32 k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// 2^x in one instruction.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float w;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(w) : "f"(x));
+    return w;
+}
+
 // The weight of logit x in fixed point; `scale` is log2(e) / T, so the exponent is one multiply.
 __device__ __forceinline__ u64 fixed_weight(float x, float max, float scale) {
-    float w;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(w) : "f"((x - max) * scale));
-    return (u64)(w * FIXED_ONE);
+    return (u64)(fast_exp2((x - max) * scale) * FIXED_ONE);
 }
 
 // ceil(top_p * total), at least 1: the mass the top-p head must reach.
@@ -606,23 +612,65 @@ __device__ void build_histogram(const Ctx<T>& c, SampleShared& s, int shift, int
     });
 }
 
-// Appends (key << 32 | index) of this block's logits with take(key) to rank 0's list: one atomic
-// on rank 0's count per warp and round. Entries past the list's end are counted, not written.
-template <typename T, typename Take>
-__device__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take) {
-    const u32 count0 = remote(&s.list_count, 0), list0 = remote(s.list, 0);
-    const int lane = threadIdx.x & 31;
-    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
-        const u32 key = order_key(x);
-        const bool t = ok && take(key);
-        const u32 ballot = __ballot_sync(FULL_MASK, t);
-        if (ballot == 0) return;
-        const int leader = __ffs(ballot) - 1;
+// Warp: where each lane's `mine` entries go among the warp's, in lane order (`before`), and how
+// many the warp has (`total`): one vote per bit of the counts (mine <= V).
+template <int V>
+__device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) {
+    const u32 below = (1u << (threadIdx.x & 31)) - 1;
+    before = total = 0;
+#pragma unroll
+    for (int bit = 0; (1 << bit) <= V; ++bit) {
+        const u32 vote = __ballot_sync(FULL_MASK, mine >> bit & 1);
+        before += __popc(vote & below) << bit;
+        total += __popc(vote) << bit;
+    }
+}
+
+// Appends (key << 32 | index) of this block's logits with take(key) to rank 0's list. Every block
+// appends to its own list first, one shared-memory atomic on its own count per warp and round;
+// then each other block reserves its run of rank 0's list with one atomic on rank 0's count and
+// copies it there: an atomic on another block's shared memory waits for an answer from another
+// SM, which one a warp and round would wait for again and again. Entries past the list's end are
+// counted, not written. `see(x, key, ok)` is called for every logit on the way. The block's
+// list_count must be 0 (rank 0's as the selection's decision leaves it); the other blocks leave
+// theirs at 0 and the histogram under their list clear where it was.
+template <typename T, typename Take, typename See>
+__device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
+    constexpr int V = 16 / sizeof(T);
+    for_each_chunk(c.row, c.begin, c.end, [&](int i, const float* x, int valid) {
+        u32 takes = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const u32 key = order_key(x[j]);
+            see(x[j], key, j < valid);
+            takes |= j < valid && take(key) ? 1u << j : 0u;
+        }
+        const int mine = __popc(takes);
+        if (!__any_sync(FULL_MASK, mine)) return;
+        int before, total;
+        warp_offsets<V>(mine, before, total);
         u32 base = 0;
-        if (lane == leader) base = atomic_add_remote(count0, __popc(ballot));
-        const u32 slot = __shfl_sync(FULL_MASK, base, leader) + __popc(ballot & ((1u << lane) - 1));
-        if (t && slot < SAMPLE_LIST) store_remote(list0 + 8 * slot, ((u64)key << 32) | (u32)i);
+        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.list_count, (u32)total);
+        u32 slot = __shfl_sync(FULL_MASK, base, 0) + before;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            if (takes >> j & 1) {
+                if (slot < SAMPLE_LIST) s.list[slot] = ((u64)order_key(x[j]) << 32) | (u32)(i + j);
+                ++slot;
+            }
+        }
     });
+    if (c.rank == 0) return;
+    __syncthreads();  // every entry of this block is in its own list
+    const u32 n = s.list_count;
+    if (threadIdx.x == 0) s.scratch[0] = atomic_add_remote(remote(&s.list_count, 0), n);
+    __syncthreads();
+    const u32 base = (u32)s.scratch[0], list0 = remote(s.list, 0);
+    for (u32 j = threadIdx.x; j < min(n, (u32)SAMPLE_LIST); j += block_size()) {
+        if (base + j < SAMPLE_LIST) store_remote(list0 + 8 * (base + j), s.list[j]);
+        s.list[j] = 0;
+    }
+    if (threadIdx.x == 0) s.list_count = 0;
 }
 
 // Top-k in one pass: every warp keeps, in its own segment of its block's list, the logits at or
@@ -704,7 +752,6 @@ __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_
                             int& count) {
     constexpr int V = 16 / sizeof(T);
     const int k = c.p.top_k;
-    const u32 below = (1u << (threadIdx.x & 31)) - 1;
     u32 threshold = 0;
     int n = 0;
     bool full = false;
@@ -718,13 +765,8 @@ __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_
         }
         const int mine = full ? 0 : __popc(takes);
         if (!__any_sync(FULL_MASK, mine)) return;
-        int before = 0, total = 0;
-#pragma unroll
-        for (int bit = 0; (1 << bit) <= V; ++bit) {
-            const u32 vote = __ballot_sync(FULL_MASK, mine >> bit & 1);
-            before += __popc(vote & below) << bit;
-            total += __popc(vote) << bit;
-        }
+        int before, total;
+        warp_offsets<V>(mine, before, total);
         if (mine) {
 #pragma unroll
             for (int j = 0; j < V; ++j)
@@ -892,6 +934,98 @@ __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, in
     }
 }
 
+// Top-p without top-k in two passes over the row, where the general selection takes four
+// (maximum, weighted histogram, gathering, draw): pass 1 guesses the mass of every 12-bit bin while
+// it finds the maximum, pass 2 gathers the bins that may hold the crossing while it sums the exact
+// weights, and rank 0 checks the guess exactly.
+//
+// The guess weighs a logit against the largest value of its bin (bin_edge) instead of the row's
+// maximum, which pass 1 does not know yet: 2^((x - edge) * scale) is in (0, 1], and the bin's
+// mass against the maximum is its sum times 2^((edge - max) * scale). The sums are 32-bit
+// integers of `unit`s, small enough that a row's sum fits (a float atomic on shared memory is a
+// compare-and-swap loop on Hopper, an integer one a single instruction).
+__device__ __forceinline__ float bin_edge(u32 key) { return key_value(key | 0xFFFFFu); }
+
+__device__ __forceinline__ float guess_unit(int vocab) {
+    return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 24);
+}
+
+// Pass 1: finite logit x added to its bin's guess.
+__device__ __forceinline__ void guess_add(SampleShared& s, float x, float scale, float unit) {
+    const u32 key = order_key(x);
+    atomicAdd(&s.hist[key >> 20], (u32)(fast_exp2((x - bin_edge(key)) * scale) * unit + 0.5f));
+}
+
+// Rank 0, the guesses merged: the bins [s.stage.bin, s.stage.key] that may hold the top-p
+// crossing (the largest bin whose mass, with the bins above it, reaches top_p of the total): the
+// crossings of the need plus and minus a margin of 2^-11 of the total for the guesses' rounding.
+__device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
+                                              float top_p) {
+    const int per = SAMPLE_BINS / block_size();
+    const int top = SAMPLE_BINS - 1 - (int)threadIdx.x * per;
+    // A bin's guessed mass in 2^-24 of the maximum's weight.
+    const auto mass = [&](int b) {
+        const u32 h = s.hist[b];
+        if (h == 0) return 0ull;
+        const float edge = bin_edge((u32)b << 20);
+        return (u64)((float)h * (16777216.f / unit) * fast_exp2((edge - mx) * scale));
+    };
+    if (threadIdx.x == 0) {
+        s.stage.bin = 0;                // no bin reaches the need plus the margin
+        s.stage.key = SAMPLE_BINS - 1;  // the need minus the margin is nothing
+        s.list_count = 0;
+    }
+    u64 mine = 0;
+    for (int j = 0; j < per; ++j) mine += mass(top - j);
+    u64 total;
+    u64 run = block_exclusive_scan(mine, total, s);
+    const u64 margin = total >> 11;
+    const u64 need = (u64)((double)top_p * (double)total);
+    const u64 need_lo = need - min(need, margin), need_hi = need + margin;
+    for (int j = 0; j < per; ++j) {
+        const u64 m = mass(top - j);
+        if (run < need_hi && run + m >= need_hi) s.stage.bin = top - j;
+        if (run < need_lo && run + m >= need_lo) s.stage.key = top - j;
+        run += m;
+    }
+}
+
+// Rank 0, pass 2 done (the guessed bins' logits in its list, every block's exact mass above them
+// in s.acc and its total in s.sums[1]): the guess holds when the mass above the bins falls short
+// of the need and, with the list, reaches it. Then the key and each block's candidate mass, as a
+// weighted cluster_select leaves them; otherwise `resolved` stays 0 and the row takes the
+// general selection. Clears the histogram and publishes.
+template <typename T>
+__device__ __noinline__ void check_top_p_guess(const Ctx<T>& c, SampleShared& s, u32 lo_key,
+                                               u32 hi_key) {
+    u64 total = 0, above = 0;
+    for (int r = 0; r < c.ranks; ++r) {
+        total += s.sums[1][r];
+        above += s.acc[r];
+    }
+    const u64 need = top_p_need(c.p.top_p, total);
+    const int n = (int)s.list_count;
+    const float mx = c.max, scale = c.scale;
+    const auto weight = [=](u64 e) { return fixed_weight(key_value((u32)(e >> 32)), mx, scale); };
+    bool held = n <= SAMPLE_LIST && above < need;
+    if (held) held = above + list_sum(s, n, weight) >= need;
+    u32 key = 0;
+    if (held) {
+        // The keys of the guessed bins share their top bits: list_select skips whole bytes of them.
+        const int common = __clz(lo_key ^ hi_key);
+        const u32 mask = common ? ~0u << (32 - common) : 0u;
+        key = list_select(s, n, need - above, lo_key & mask, mask, weight);
+        kept_from_list(c, s, n, above, key_value(key));
+    }
+    if (threadIdx.x == 0) {
+        s.stage.resolved = held;
+        s.stage.key = key;
+    }
+    __syncthreads();     // the list is read
+    clear_histogram(s);  // for the general selection, when the guess missed
+    publish(s);
+}
+
 // The largest key v such that the logits taking part in q with key >= v reach q.need (their
 // count, or their weight). The level-0 histogram of counts may already be decided (top-k). A
 // weighted selection also leaves each block's candidate mass (logits with key >= v) in s.d.kept.
@@ -948,9 +1082,9 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
             if (WEIGHTED && c.rank != 0 && threadIdx.x == 0) store_remote(remote(&s.acc[c.rank], 0), acc);
             const u32 pre = prefix, msk = mask, floor = q.floor;
             const bool strict = q.strict;
-            gather_into_rank0(c, s, [=](u32 key) {
-                return (key & msk) == pre && (!strict || key > floor);
-            });
+            gather_into_rank0(
+                c, s, [=](u32 key) { return (key & msk) == pre && (!strict || key > floor); },
+                [](float, u32, bool) {});
             cluster_sync();  // the list is complete
             if (c.rank == 0) {
                 const int n = (int)s.list_count;
@@ -1044,6 +1178,111 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
     return (int)s.found_bin;
 }
 
+// Entry r of a lane's four, by selects (an indexed register array would go to local memory).
+__device__ __forceinline__ u64 pick(const u64 (&e)[4], int r) {
+    return r == 0 ? e[0] : r == 1 ? e[1] : r == 2 ? e[2] : e[3];
+}
+
+// Warp: sorts WARP_LIST entries, entry 4 * lane + r in e[r], in descending order with the
+// compare-exchange steps of a bitonic network: within the lane for partners 1 and 2 entries away,
+// by a shuffle with the lane j / 4 away for the others. No shared memory and no barrier: the
+// steps of one warp follow each other in registers (unrolled: 11 us a row as a loop, 7 unrolled).
+__device__ __forceinline__ void warp_sort(u64 (&e)[4]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 2; k <= WARP_LIST; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            u64 next[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int p = 4 * lane + r;
+                const u64 y = j >= 4   ? __shfl_xor_sync(FULL_MASK, e[r], j >> 2)
+                              : j == 2 ? pick(e, r ^ 2)
+                                       : pick(e, r ^ 1);
+                // The lower position of a pair takes the larger entry where its run of k descends.
+                const bool larger = ((p & k) == 0) == ((p & j) == 0);
+                next[r] = larger ? max(e[r], y) : min(e[r], y);
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) e[r] = next[r];
+        }
+    }
+}
+
+// Warp: the first of the warp's entries (in position order, 4 * lane + r) at which the running
+// sum of w from the front reaches `need`, as (lane, r); lane 32 when none does.
+__device__ __forceinline__ void warp_first_reaching(const u64 (&w)[4], u64 need, int& at_lane,
+                                                    int& at_r) {
+    const int lane = threadIdx.x & 31;
+    const u64 mine = w[0] + w[1] + w[2] + w[3];
+    u64 incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += t;
+    }
+    u64 run = incl - mine;
+    int first = 4;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        run += w[r];
+        if (first == 4 && run >= need) first = r;
+    }
+    const u32 found = __ballot_sync(FULL_MASK, first < 4);
+    at_lane = found ? __ffs(found) - 1 : 32;
+    at_r = __shfl_sync(FULL_MASK, first, at_lane & 31);
+}
+
+// Rank 0's first warp: finish_in_list for a list of at most WARP_LIST entries (a one-pass top-k
+// cut to few more than k), in registers. The steps are finish_in_list's; each is a handful of
+// shuffles instead of a chain of block barriers and shared-memory sorts.
+template <typename T>
+__device__ __noinline__ void finish_in_warp(const Ctx<T>& c, SampleShared& s, int n, u32* out) {
+    const int lane = threadIdx.x & 31;
+    const SampleParams& p = c.p;
+    const float mx = c.max, scale = c.scale;
+    const int k = p.top_k;  // <= n
+    u64 e[4], w[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) e[r] = 4 * lane + r < n ? s.list[4 * lane + r] : 0ull;
+    warp_sort(e);
+    const u32 k_key = (u32)(__shfl_sync(FULL_MASK, pick(e, (k - 1) & 3), (k - 1) >> 2) >> 32);
+    // The top-k list: exactly the first k positions.
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+        w[r] = 4 * lane + r < k ? fixed_weight(key_value((u32)(e[r] >> 32)), mx, scale) : 0ull;
+    u32 key = k_key;
+    if (p.top_p < 1.f) {
+        const u64 total = warp_sum_u64(w[0] + w[1] + w[2] + w[3]);
+        const u64 need = top_p_need(p.top_p, total);
+        u64 gt = 0;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) gt += (u32)(e[r] >> 32) > k_key ? w[r] : 0ull;
+        if (warp_sum_u64(gt) >= need) {
+            int at_lane, at_r;
+            warp_first_reaching(w, need, at_lane, at_r);
+            key = (u32)(__shfl_sync(FULL_MASK, pick(e, at_r & 3), at_lane) >> 32);
+        }
+    }
+    // Candidates as (~index << 32 | key), the rest as zeros: sorted, they come in vocabulary order.
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const u32 ek = (u32)(e[r] >> 32);
+        e[r] = 4 * lane + r < n && ek >= key ? ((u64)~(u32)e[r] << 32) | ek : 0ull;
+    }
+    warp_sort(e);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[r] = e[r] ? fixed_weight(key_value((u32)e[r]), mx, scale) : 0ull;
+    const u64 kept = warp_sum_u64(w[0] + w[1] + w[2] + w[3]);
+    if (kept == 0) return;  // nothing kept
+    // The first candidate in vocabulary order whose running weight exceeds target.
+    int at_lane, at_r;
+    warp_first_reaching(w, draw_target(kept, p) + 1, at_lane, at_r);
+    const u64 chosen = __shfl_sync(FULL_MASK, pick(e, at_r & 3), at_lane & 31);
+    if (lane == 0) out[c.row_index] = ~(u32)(chosen >> 32);
+}
+
 // Rank 0, top-k on and its list holding every logit at or above the k-th one (at most
 // FILTER_LIST of them, sorted padded to a power of two within the list): the whole selection and
 // the draw, on the sorted list. The k-th logit is at position
@@ -1053,6 +1292,10 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
 template <typename T>
 __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u32* out) {
     const int n = (int)s.list_count;
+    if (n <= WARP_LIST) {
+        if (threadIdx.x < 32) finish_in_warp(c, s, n, out);
+        return;
+    }
     const SampleParams& p = c.p;
     const float mx = c.max, scale = c.scale;
     const int k = p.top_k;  // <= n
@@ -1088,12 +1331,14 @@ __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u3
     if (threadIdx.x == 0) out[c.row_index] = ~(u32)(s.list[at] >> 32);
 }
 
-// Calls f(index, logit) for the logits in [begin, end), in order, until f returns true. The
-// logits are read 16 bytes at a time, four loads in flight, where the range is aligned; the
-// draw's pieces are tens of logits, which one load at a time would wait for one by one.
+// Calls f(index, x, valid) for the logits in [begin, end), in order, until f returns true: x holds
+// `valid` logits from index on, a 16-byte chunk's where the range is aligned (four loads in
+// flight: the draw's pieces are tens of logits, which one load at a time would wait for one by
+// one), else one. A call a chunk, not a logit, lets the chunk's weights be computed together.
 template <typename T, typename F>
 __device__ __forceinline__ void walk_piece(const T* row, int begin, int end, F f) {
     constexpr int V = 16 / sizeof(T);
+    float x[V];
     int i = begin;
     if ((reinterpret_cast<size_t>(row + begin) & 15) == 0) {
         const uint4* chunks = reinterpret_cast<const uint4*>(row + begin);
@@ -1106,14 +1351,18 @@ __device__ __forceinline__ void walk_piece(const T* row, int begin, int end, F f
             for (int u = 0; u < 4; ++u) {
                 if (c0 + u >= n) break;
 #pragma unroll
-                for (int j = 0; j < V; ++j)
-                    if (f(begin + (c0 + u) * V + j, chunk_logit(row, v[u], j))) return;
+                for (int j = 0; j < V; ++j) x[j] = chunk_logit(row, v[u], j);
+                if (f(begin + (c0 + u) * V, x, V)) return;
             }
         }
         i = begin + n * V;
     }
-    for (; i < end; ++i)
-        if (f(i, load_logit(row, i))) return;
+#pragma unroll
+    for (int j = 1; j < V; ++j) x[j] = 0.f;
+    for (; i < end; ++i) {
+        x[0] = load_logit(row, i);
+        if (f(i, x, 1)) return;
+    }
 }
 
 // The token, from every block's candidate mass (s.d.kept, the same in every block): the first
@@ -1136,9 +1385,19 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     const int lb = min(oe, ob + (int)(c.rank * block_size() + threadIdx.x) * piece);
     const int le = min(oe, lb + piece);
     const float mx = c.max, scale = c.scale;
+    const auto weights = [=](const float* x, int valid, u64* w) {
+        u64 sum = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            w[j] = j < valid && x[j] >= threshold ? fixed_weight(x[j], mx, scale) : 0ull;
+            sum += w[j];
+        }
+        return sum;
+    };
     u64 mine = 0;
-    walk_piece(c.row, lb, le, [&](int, float x) {
-        mine += x >= threshold ? fixed_weight(x, mx, scale) : 0ull;
+    walk_piece(c.row, lb, le, [&](int, const float* x, int valid) {
+        u64 w[V];
+        mine += weights(x, valid, w);
         return false;
     });
     u64 block_total;
@@ -1148,11 +1407,21 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     for (int r = 0; r < (int)c.rank; ++r) run += s.part[r];
     if (target < run || target >= run + mine) return;
     // Running weight only grows at candidates, so the first index past target is one.
-    walk_piece(c.row, lb, le, [&](int i, float x) {
-        if (x < threshold) return false;
-        run += fixed_weight(x, mx, scale);
-        if (run <= target) return false;
-        out[c.row_index] = (u32)i;
+    walk_piece(c.row, lb, le, [&](int i, const float* x, int valid) {
+        u64 w[V];
+        const u64 sum = weights(x, valid, w);
+        if (run + sum <= target) {
+            run += sum;
+            return false;
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            run += w[j];
+            if (run > target) {
+                out[c.row_index] = (u32)(i + j);
+                break;
+            }
+        }
         return true;
     });
 }
@@ -1220,6 +1489,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (threadIdx.x == 0) s.list_count = s.floor = s.filled = s.block_floor = 0;
     } else {
         clear_histogram(s);
+        if (threadIdx.x == 0) s.list_count = 0;
     }
     __syncthreads();
     cluster_arrive();  // as above; rank 0's histogram or list is clear before any block adds to it
@@ -1237,6 +1507,12 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             mx = ok ? fmaxf(mx, x) : mx;
             warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
         });
+    } else if (top_p_on) {
+        const float scale = c.scale, unit = guess_unit(vocab);
+        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+            mx = ok ? fmaxf(mx, x) : mx;
+            if (ok && fabsf(x) < -neg_inf()) guess_add(s, x, scale, unit);
+        });
     } else {
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
@@ -1247,7 +1523,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     if (threadIdx.x < c.ranks) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
     if (filter) {
         share_floor(s, threshold, segment_count, c.ranks);
-    } else if (top_k_on) {
+    } else if (top_k_on || top_p_on) {
         merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
     }
     cluster_sync();
@@ -1270,7 +1546,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         // A segment filled with keys its bound could not tell apart, or more logits above the
         // floor than the list holds: the histogram of counts, in a pass of its own.
         clear_histogram(s);
-        __syncthreads();
+        __syncthreads();  // every thread has read n
+        if (threadIdx.x == 0) s.list_count = 0;
         cluster_sync();  // every block's histogram is clear, rank 0's before any block adds to it
         build_histogram<T, false>(c, s, 20, SAMPLE_BINS, 0, 0,
                                   Query{false, 0, (u64)c.p.top_k, false});
@@ -1284,7 +1561,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         cluster_sync();
         if (s.d.above + s.d.mass <= SORT_LIST) {
             const u32 low = s.d.bin << 20;
-            gather_into_rank0(c, s, [=](u32 key) { return key >= low; });
+            gather_into_rank0(c, s, [=](u32 key) { return key >= low; }, [](float, u32, bool) {});
             cluster_sync();
             if (c.rank == 0) finish_in_list(c, s, out);
             return;
@@ -1312,7 +1589,38 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         __syncthreads();
         draw(c, s, key_value(k_key), out);
     } else if (top_p_on) {
-        const u32 key = cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
+        if (c.rank == 0) {
+            guess_top_p_bins(s, mx, c.scale, guess_unit(vocab), c.p.top_p);
+            publish(s);
+        }
+        cluster_sync();
+        // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
+        const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
+        const float scale = c.scale;
+        u64 above = 0, total = 0;
+        gather_into_rank0(
+            c, s, [=](u32 key) { return key >= lo_key && key <= hi_key; },
+            [&](float x, u32 key, bool ok) {
+                const u64 w = ok ? fixed_weight(x, mx, scale) : 0ull;
+                total += w;
+                above += key > hi_key ? w : 0ull;
+            });
+        above = block_sum_u64(above, s);
+        total = block_sum_u64(total, s);
+        if (threadIdx.x == 0) {
+            store_remote(remote(&s.acc[c.rank], 0), above);
+            store_remote(remote(&s.sums[1][c.rank], 0), total);
+        }
+        cluster_sync();  // rank 0's list is complete, and it has every block's sums
+        if (c.rank == 0) {
+            check_top_p_guess(c, s, lo_key, hi_key);
+        } else {
+            clear_histogram(s);
+        }
+        cluster_sync();
+        const u32 key = s.d.resolved
+                            ? s.d.key
+                            : cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
         draw(c, s, key_value(key), out);
     } else {
         slice_sums(c, s, 0);  // key 0 is a NaN's: every other logit counts
