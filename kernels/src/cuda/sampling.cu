@@ -67,7 +67,7 @@
                              // is cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
-#define WARP_LIST 128        // a list this short is finished by one warp, 4 entries a lane
+#define SMALL_LIST 128       // a list this short is finished without sorting (finish_small)
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
 struct SampleParams {
@@ -1178,109 +1178,68 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
     return (int)s.found_bin;
 }
 
-// Entry r of a lane's four, by selects (an indexed register array would go to local memory).
-__device__ __forceinline__ u64 pick(const u64 (&e)[4], int r) {
-    return r == 0 ? e[0] : r == 1 ? e[1] : r == 2 ? e[2] : e[3];
-}
-
-// Warp: sorts WARP_LIST entries, entry 4 * lane + r in e[r], in descending order with the
-// compare-exchange steps of a bitonic network: within the lane for partners 1 and 2 entries away,
-// by a shuffle with the lane j / 4 away for the others. No shared memory and no barrier: the
-// steps of one warp follow each other in registers (unrolled: 11 us a row as a loop, 7 unrolled).
-__device__ __forceinline__ void warp_sort(u64 (&e)[4]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k = 2; k <= WARP_LIST; k <<= 1) {
-#pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            u64 next[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int p = 4 * lane + r;
-                const u64 y = j >= 4   ? __shfl_xor_sync(FULL_MASK, e[r], j >> 2)
-                              : j == 2 ? pick(e, r ^ 2)
-                                       : pick(e, r ^ 1);
-                // The lower position of a pair takes the larger entry where its run of k descends.
-                const bool larger = ((p & k) == 0) == ((p & j) == 0);
-                next[r] = larger ? max(e[r], y) : min(e[r], y);
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r) e[r] = next[r];
-        }
-    }
-}
-
-// Warp: the first of the warp's entries (in position order, 4 * lane + r) at which the running
-// sum of w from the front reaches `need`, as (lane, r); lane 32 when none does.
-__device__ __forceinline__ void warp_first_reaching(const u64 (&w)[4], u64 need, int& at_lane,
-                                                    int& at_r) {
-    const int lane = threadIdx.x & 31;
-    const u64 mine = w[0] + w[1] + w[2] + w[3];
-    u64 incl = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += t;
-    }
-    u64 run = incl - mine;
-    int first = 4;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        run += w[r];
-        if (first == 4 && run >= need) first = r;
-    }
-    const u32 found = __ballot_sync(FULL_MASK, first < 4);
-    at_lane = found ? __ffs(found) - 1 : 32;
-    at_r = __shfl_sync(FULL_MASK, first, at_lane & 31);
-}
-
-// Rank 0's first warp: finish_in_list for a list of at most WARP_LIST entries (a one-pass top-k
-// cut to few more than k), in registers. The steps are finish_in_list's; each is a handful of
-// shuffles instead of a chain of block barriers and shared-memory sorts.
+// Rank 0: finish_in_list for a list of at most SMALL_LIST entries (a one-pass top-k cut to few
+// more than k), without sorting: thread t takes entry t and sums, over the whole list, what lies
+// above it (entries, and their mass) and, once the candidates are known, the candidates' mass at
+// or before it in vocabulary order. The k-th key, the top-p threshold and the token are each the
+// entry whose sums say so. Two loops over the list and a few barriers, where the sorts of
+// finish_in_list wait on a barrier at each of their rounds (5 us of a row's 50 with a warp's
+// shuffles instead).
 template <typename T>
-__device__ __noinline__ void finish_in_warp(const Ctx<T>& c, SampleShared& s, int n, u32* out) {
-    const int lane = threadIdx.x & 31;
+__device__ __noinline__ void finish_small(const Ctx<T>& c, SampleShared& s, int n, u32* out) {
     const SampleParams& p = c.p;
-    const float mx = c.max, scale = c.scale;
     const int k = p.top_k;  // <= n
-    u64 e[4], w[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) e[r] = 4 * lane + r < n ? s.list[4 * lane + r] : 0ull;
-    warp_sort(e);
-    const u32 k_key = (u32)(__shfl_sync(FULL_MASK, pick(e, (k - 1) & 3), (k - 1) >> 2) >> 32);
-    // The top-k list: exactly the first k positions.
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-        w[r] = 4 * lane + r < k ? fixed_weight(key_value((u32)(e[r] >> 32)), mx, scale) : 0ull;
-    u32 key = k_key;
-    if (p.top_p < 1.f) {
-        const u64 total = warp_sum_u64(w[0] + w[1] + w[2] + w[3]);
-        const u64 need = top_p_need(p.top_p, total);
-        u64 gt = 0;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) gt += (u32)(e[r] >> 32) > k_key ? w[r] : 0ull;
-        if (warp_sum_u64(gt) >= need) {
-            int at_lane, at_r;
-            warp_first_reaching(w, need, at_lane, at_r);
-            key = (u32)(__shfl_sync(FULL_MASK, pick(e, at_r & 3), at_lane) >> 32);
+    const int t = threadIdx.x;
+    u64* weight = s.list + FILTER_LIST;  // the list's second half, free once cut_list is done
+    const u64 e = t < n ? s.list[t] : 0ull;
+    const u32 key = (u32)(e >> 32);
+    const u64 w = t < n ? fixed_weight(key_value(key), c.max, c.scale) : 0ull;
+    if (t < n) weight[t] = w;
+    __syncthreads();
+    int gt = 0, eq = 0;  // entries with a larger key, and with this key
+    u64 mass_gt = 0;
+    if (t < n) {
+        for (int j = 0; j < n; ++j) {
+            const u32 kj = (u32)(s.list[j] >> 32);
+            gt += kj > key;
+            eq += kj == key;
+            mass_gt += kj > key ? weight[j] : 0ull;
+        }
+        // The k-th key: fewer than k entries above it, k or more at or above it. The top-k list
+        // (exactly k entries) weighs what lies above it and k - gt of its copies.
+        if (gt < k && k <= gt + eq) {
+            s.found_bin = key;
+            s.found[0] = mass_gt + (u64)(k - gt) * w;
+            s.found[1] = mass_gt;
         }
     }
-    // Candidates as (~index << 32 | key), the rest as zeros: sorted, they come in vocabulary order.
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const u32 ek = (u32)(e[r] >> 32);
-        e[r] = 4 * lane + r < n && ek >= key ? ((u64)~(u32)e[r] << 32) | ek : 0ull;
+    __syncthreads();
+    u32 threshold = s.found_bin;
+    if (p.top_p < 1.f) {
+        const u64 need = top_p_need(p.top_p, s.found[0]);
+        if (s.found[1] >= need) {
+            // The shortest head reaching need ends among the keys above the k-th: at the key
+            // whose entries and those above it reach need, where those above alone do not.
+            const u32 k_key = threshold;
+            __syncthreads();  // every thread has read found_bin
+            if (t < n && key > k_key && mass_gt < need && need <= mass_gt + (u64)eq * w)
+                s.found_bin = key;
+            __syncthreads();
+            threshold = s.found_bin;
+        }
     }
-    warp_sort(e);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) w[r] = e[r] ? fixed_weight(key_value((u32)e[r]), mx, scale) : 0ull;
-    const u64 kept = warp_sum_u64(w[0] + w[1] + w[2] + w[3]);
+    if (t >= n) return;
+    u64 kept = 0, upto = 0;  // candidates' mass: all of it, and at or before this index
+    for (int j = 0; j < n; ++j) {
+        const u64 ej = s.list[j];
+        const u64 wj = (u32)(ej >> 32) >= threshold ? weight[j] : 0ull;
+        kept += wj;
+        upto += (u32)ej <= (u32)e ? wj : 0ull;
+    }
     if (kept == 0) return;  // nothing kept
     // The first candidate in vocabulary order whose running weight exceeds target.
-    int at_lane, at_r;
-    warp_first_reaching(w, draw_target(kept, p) + 1, at_lane, at_r);
-    const u64 chosen = __shfl_sync(FULL_MASK, pick(e, at_r & 3), at_lane & 31);
-    if (lane == 0) out[c.row_index] = ~(u32)(chosen >> 32);
+    const u64 target = draw_target(kept, p);
+    if (key >= threshold && upto > target && upto - w <= target) out[c.row_index] = (u32)e;
 }
 
 // Rank 0, top-k on and its list holding every logit at or above the k-th one (at most
@@ -1292,8 +1251,8 @@ __device__ __noinline__ void finish_in_warp(const Ctx<T>& c, SampleShared& s, in
 template <typename T>
 __device__ __noinline__ void finish_in_list(const Ctx<T>& c, SampleShared& s, u32* out) {
     const int n = (int)s.list_count;
-    if (n <= WARP_LIST) {
-        if (threadIdx.x < 32) finish_in_warp(c, s, n, out);
+    if (n <= SMALL_LIST) {
+        finish_small(c, s, n, out);
         return;
     }
     const SampleParams& p = c.p;
