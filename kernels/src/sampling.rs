@@ -4,10 +4,11 @@
 //! `sampler::sample` step for step (temperature, top-k and top-p as a logit threshold, a draw
 //! in vocabulary order with the SplitMix64 uniform of `(seed, step)`), finding the thresholds
 //! by radix selection over the logits' bits instead of sorting (a small top-k in one pass: each
-//! warp keeps its largest logits behind a threshold it raises as it reads). From Hopper on, a
-//! row is read by a cluster of blocks that merge their histograms in each other's shared memory,
-//! so that a batch of 64 rows keeps every SM busy; the cluster's size is chosen to fit the
-//! batch's rows on the device at once ([`launch_shape`]). See `cuda/sampling.cu`.
+//! warp keeps its largest logits behind a threshold it raises as it reads; top-p in two: the
+//! first guesses where the mass crosses, the second gathers there and checks). From Hopper on,
+//! a row is read by a cluster of blocks that merge their histograms in each other's shared
+//! memory, so that a batch of 64 rows keeps every SM busy; the cluster's size is chosen to fit
+//! the batch's rows on the device at once ([`launch_shape`]). See `cuda/sampling.cu`.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;

@@ -36,7 +36,12 @@
 // - Once the bin is known, its logits (usually tens to a few thousand) are gathered into rank
 //   0's shared memory (a "list" of key << 32 | index entries), where the rest of the selection
 //   finishes without another pass over the row. With top-k on, the list holds every logit of
-//   the k-th logit's bin and above, hence every candidate: rank 0 also draws the token from it.
+//   the k-th logit's bin and above, hence every candidate: rank 0 also draws the token from it
+//   (a list of few more than k by ranking each entry against the others, finish_small).
+// - Top-p without top-k guesses the bins' masses in the pass that finds the maximum (each logit
+//   weighed against its own bin's largest value) and gathers the bins around the guessed
+//   crossing in a second pass that also sums the exact weights; rank 0 checks exactly that the
+//   crossing is among them, else the histogram of masses decides as above.
 // - When a bin is too full to gather (many equal logits), the next 12 bits, then the last 8, are
 //   histogrammed among the logits of that bin: slower, same answer.
 // - Top-k with a small k on a large vocabulary skips the histogram: pass 1 keeps every warp's k
@@ -46,6 +51,8 @@
 //   warp's bound cannot tell apart (equal ones, a masked vocabulary's -inf) that fill its
 //   segment, or more logits above the floor than rank 0's list holds, send the row back to the
 //   histogram.
+// - A gather appends to each block's own list, then copies it into rank 0's with one atomic on
+//   rank 0's count a block: atomics on another block's shared memory wait for another SM.
 // - The draw: each block's candidate mass tells which block holds the token; that block's slice
 //   is cut into one small piece per thread of the cluster, a scan over the pieces finds the
 //   piece, and its thread walks it.
@@ -845,7 +852,7 @@ __device__ void gather_segments(SampleShared& s, const u64* seg, int n, u32 floo
 }
 
 // Rank 0: its list (n <= FILTER_LIST entries, among them the row's k largest) cut to few more
-// than the k largest, for finish_in_list to sort: rounds of a 256-bin count histogram of the
+// than the k largest, for finish_in_list: rounds of a 256-bin count histogram of the
 // highest bit in which the keys differ and the 7 below it, keeping the bins from the top down to
 // the one that holds the k-th key, until a round cuts nothing.
 __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
@@ -1182,9 +1189,8 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
 // more than k), without sorting: thread t takes entry t and sums, over the whole list, what lies
 // above it (entries, and their mass) and, once the candidates are known, the candidates' mass at
 // or before it in vocabulary order. The k-th key, the top-p threshold and the token are each the
-// entry whose sums say so. Two loops over the list and a few barriers, where the sorts of
-// finish_in_list wait on a barrier at each of their rounds (5 us of a row's 50 with a warp's
-// shuffles instead).
+// entry whose sums say so. Two loops over the list and four barriers: 2.8 us a row, where the
+// two sorts below took 6-10 (a barrier at each round, or a warp's shuffles).
 template <typename T>
 __device__ __noinline__ void finish_small(const Ctx<T>& c, SampleShared& s, int n, u32* out) {
     const SampleParams& p = c.p;
@@ -1243,8 +1249,8 @@ __device__ __noinline__ void finish_small(const Ctx<T>& c, SampleShared& s, int 
 }
 
 // Rank 0, top-k on and its list holding every logit at or above the k-th one (at most
-// FILTER_LIST of them, sorted padded to a power of two within the list): the whole selection and
-// the draw, on the sorted list. The k-th logit is at position
+// FILTER_LIST of them; a short list goes to finish_small, a longer one is sorted, padded to a
+// power of two within the list): the whole selection and the draw. The k-th logit is at position
 // k - 1; the top-k list of exactly k entries is the first k positions; the top-p threshold is
 // where their running mass reaches its share; the candidates (every logit at or above the
 // threshold) are then sorted again into vocabulary order for the draw.
