@@ -117,10 +117,11 @@ fn params_grid(rng: &mut Rng, rows: usize) -> Vec<SampleParams> {
 }
 
 /// Every pair of (top-k, top-p) the kernel tells apart, row after row, at temperatures 0.7, 1
-/// and 1.5: top-k off, 1, small, large enough that its candidates no longer fit rank 0's list
+/// and 1.5: top-k off, 1, small, the largest the one-pass top-k takes on 2 x 512 (80, whose cut
+/// list can pass 128 entries), large enough that its candidates no longer fit rank 0's list
 /// (6,000), the whole vocabulary and more (off); top-p off, 0.999, 0.9, 0.5, 0.01.
 fn every_path(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<SampleParams> {
-    let top_ks = [-1, 1, 5, 50, 1000, 6000, vocab as i32, vocab as i32 + 5];
+    let top_ks = [-1, 1, 5, 50, 80, 1000, 6000, vocab as i32, vocab as i32 + 5];
     let top_ps = [1.0, 0.999, 0.9, 0.5, 0.01];
     let temps = [0.7, 1.0, 1.5];
     (0..rows)

@@ -74,7 +74,8 @@
                              // is cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
 #define LIST_BINS 256        // rank 0 selects within its list one byte at a time
-#define SMALL_LIST 128       // a list this short is finished without sorting (finish_small)
+#define SMALL_LIST 256       // a list this short is finished without sorting (finish_small): at
+                             // most a block's threads, one entry each
 #define FIXED_ONE 1099511627776.0f  // 2^40
 
 struct SampleParams {
@@ -818,36 +819,26 @@ __device__ void share_floor(SampleShared& s, u32 threshold, int n, int ranks) {
 
 // Every warp's entries at or above the floor appended to rank 0's list, their count added to
 // every block's list_count, so that each block knows the total after the caller's cluster
-// barrier. The segments fill the blocks' lists, rank 0's too: each warp takes its entries into
-// registers, and a cluster barrier passes before any is written into rank 0's list.
-__device__ void gather_segments(SampleShared& s, const u64* seg, int n, u32 floor, int ranks) {
+// barrier. The segments fill the blocks' lists, rank 0's too: each warp keeps its entries at or
+// above the floor (warp_keep_from) and takes them into registers, and a cluster barrier passes
+// before any is written into rank 0's list.
+__device__ void gather_segments(SampleShared& s, u64* seg, int n, u32 floor, int ranks) {
     const int lane = threadIdx.x & 31;
-    const u32 below = (1u << lane) - 1;
+    const int kept = warp_keep_from(seg, n, floor);
     u64 e[SEGMENT_PER_LANE];
-    u32 takes = 0;
-    int total = 0;
 #pragma unroll
-    for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
-        const bool in = m * 32 + lane < n;
-        e[m] = in ? seg[m * 32 + lane] : 0ull;
-        const bool take = in && (u32)(e[m] >> 32) >= floor;
-        takes |= take ? 1u << m : 0u;
-        total += __popc(__ballot_sync(FULL_MASK, take));
-    }
+    for (int m = 0; m < SEGMENT_PER_LANE; ++m) e[m] = m * 32 + lane < kept ? seg[m * 32 + lane] : 0ull;
     cluster_sync();  // every warp of rank 0 holds its entries
-    if (total == 0) return;
+    if (kept == 0) return;
     u32 start = 0;
-    if (lane == 0) start = atomic_add_remote(remote(&s.list_count, 0), (u32)total);
-    if (lane > 0 && lane < ranks) add_remote(remote(&s.list_count, lane), (u32)total);
+    if (lane == 0) start = atomic_add_remote(remote(&s.list_count, 0), (u32)kept);
+    if (lane > 0 && lane < ranks) add_remote(remote(&s.list_count, lane), (u32)kept);
     start = __shfl_sync(FULL_MASK, start, 0);
     const u32 list0 = remote(s.list, 0);
 #pragma unroll
     for (int m = 0; m < SEGMENT_PER_LANE; ++m) {
-        const bool take = takes >> m & 1;
-        const u32 vote = __ballot_sync(FULL_MASK, take);
-        const u32 at = start + __popc(vote & below);
-        if (take && at < FILTER_LIST) store_remote(list0 + 8 * at, e[m]);
-        start += __popc(vote);
+        const u32 at = start + m * 32 + lane;
+        if (m * 32 + lane < kept && at < FILTER_LIST) store_remote(list0 + 8 * at, e[m]);
     }
 }
 
