@@ -312,6 +312,35 @@ fn flat_and_peaked_logits_on_every_path() {
 }
 
 #[test]
+fn top_p_at_low_temperatures_in_wide_bins() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(40);
+    // Logits around 20, where a 12-bit bin is 2 wide, at temperatures of 0.1-0.3: a logit's
+    // term against its bin's edge can round to nothing, and top-p's first-pass guess gives way
+    // to the exact selection; 0.9999 puts the need within the guess's margin of the total.
+    let (rows, vocab) = (24, 151_936);
+    let logits: Vec<f32> = rng
+        .normals(rows * vocab, 3.0)
+        .into_iter()
+        .map(|x| x + 20.0)
+        .collect();
+    let temps = [0.1, 0.15, 0.3];
+    let top_ps = [0.9, 0.5, 0.9999, 0.05];
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|i| {
+            SampleParams::new(
+                temps[i % temps.len()],
+                -1,
+                top_ps[(i / temps.len()) % top_ps.len()],
+                rng.next_u64(),
+                rng.below(1000) as u64,
+            )
+        })
+        .collect();
+    assert_draws_match(&gpu, "randn * 3 + 20", &logits, &params, vocab);
+}
+
+#[test]
 fn small_and_unaligned_vocabularies() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(34);

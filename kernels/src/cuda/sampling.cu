@@ -641,7 +641,7 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
 // SM, which one a warp and round would wait for again and again. Entries past the list's end are
 // counted, not written. `see(x, key, ok)` is called for every logit on the way. The block's
 // list_count must be 0 (rank 0's as the selection's decision leaves it); the other blocks leave
-// theirs at 0 and the histogram under their list clear where it was.
+// theirs at 0 and zero the entries they used, so a histogram that was clear under them is again.
 template <typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
     constexpr int V = 16 / sizeof(T);
@@ -938,14 +938,15 @@ __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, in
 // weights, and rank 0 checks the guess exactly.
 //
 // The guess weighs a logit against the largest value of its bin (bin_edge) instead of the row's
-// maximum, which pass 1 does not know yet: 2^((x - edge) * scale) is in (0, 1], and the bin's
+// maximum, which pass 1 does not know yet: 2^((x - edge) * scale) is in [0, 1], and the bin's
 // mass against the maximum is its sum times 2^((edge - max) * scale). The sums are 32-bit
 // integers of `unit`s, small enough that a row's sum fits (a float atomic on shared memory is a
-// compare-and-swap loop on Hopper, an integer one a single instruction).
+// compare-and-swap loop on Hopper, an integer one a single instruction); at most 2^22, so that
+// a term rounds to at most `unit`.
 __device__ __forceinline__ float bin_edge(u32 key) { return key_value(key | 0xFFFFFu); }
 
 __device__ __forceinline__ float guess_unit(int vocab) {
-    return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 24);
+    return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 22);
 }
 
 // Pass 1: finite logit x added to its bin's guess.
@@ -957,6 +958,11 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, float scale,
 // Rank 0, the guesses merged: the bins [s.stage.bin, s.stage.key] that may hold the top-p
 // crossing (the largest bin whose mass, with the bins above it, reaches top_p of the total): the
 // crossings of the need plus and minus a margin of 2^-11 of the total for the guesses' rounding.
+// s.stage.try_list says whether the guess is worth a pass: not where the maximum's own term
+// rounds to fewer than 16 units (a low temperature in a wide bin: the top of the row is lost to
+// rounding, and the check would fail), nor where the need plus the margin passes the total (the
+// range would reach the lowest bin). Clears
+// the histogram, which the general selection builds again when the guess is not tried.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
     const int per = SAMPLE_BINS / block_size();
@@ -986,6 +992,12 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
         if (run < need_lo && run + m >= need_lo) s.stage.key = top - j;
         run += m;
     }
+    if (threadIdx.x == 0) {
+        const float max_term = fast_exp2((mx - bin_edge(order_key(mx))) * scale) * unit;
+        s.stage.try_list = max_term >= 16.f && need_hi <= total;
+    }
+    __syncthreads();  // every thread has read the histogram
+    clear_histogram(s);
 }
 
 // Rank 0, pass 2 done (the guessed bins' logits in its list, every block's exact mass above them
@@ -1177,7 +1189,7 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
 }
 
 // Rank 0: finish_in_list for a list of at most SMALL_LIST entries (a one-pass top-k cut to few
-// more than k), without sorting: thread t takes entry t and sums, over the whole list, what lies
+// more than k, or a histogram path's short list), without sorting: thread t takes entry t and sums, over the whole list, what lies
 // above it (entries, and their mass) and, once the candidates are known, the candidates' mass at
 // or before it in vocabulary order. The k-th key, the top-p threshold and the token are each the
 // entry whose sums say so. Two loops over the list and four barriers: 2.8 us a row, where the
@@ -1187,7 +1199,7 @@ __device__ __noinline__ void finish_small(const Ctx<T>& c, SampleShared& s, int 
     const SampleParams& p = c.p;
     const int k = p.top_k;  // <= n
     const int t = threadIdx.x;
-    u64* weight = s.list + FILTER_LIST;  // the list's second half, free once cut_list is done
+    u64* weight = s.list + FILTER_LIST;  // past every list that reaches here (<= FILTER_LIST)
     const u64 e = t < n ? s.list[t] : 0ull;
     const u32 key = (u32)(e >> 32);
     const u64 w = t < n ? fixed_weight(key_value(key), c.max, c.scale) : 0ull;
@@ -1550,6 +1562,13 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             publish(s);
         }
         cluster_sync();
+        if (!s.d.try_list) {
+            if (c.rank != 0) clear_histogram(s);
+            __syncthreads();
+            const u32 key = cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
+            draw(c, s, key_value(key), out);
+            return;
+        }
         // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
         const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
         const float scale = c.scale;
