@@ -1123,13 +1123,18 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
     return prefix;  // not reached: level 2 returns
 }
 
-// The compare-exchange rounds of a bitonic sort of the list's first `size` entries (a power of
-// two), in descending order, shared out among threads from, from + step, ...: log2(size)^2 / 2
-// rounds, each followed by a barrier of one warp or of the block.
-__device__ void bitonic_sort(SampleShared& s, int size, int from, int step, bool one_warp) {
+// Rank 0: sorts the first n entries of its list in descending order, a bitonic sort of the
+// entries zero-padded to a power of two (zeros sort last): log2(size)^2 / 2 compare-exchange
+// rounds shared out among the block's threads, a barrier after each. Lists of up to SMALL_LIST
+// entries do not come here (finish_small).
+__device__ void sort_list(SampleShared& s, int n) {
+    int size = 1;
+    while (size < n) size <<= 1;
+    for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
+    __syncthreads();
     for (int k = 2; k <= size; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = from; i < size / 2; i += step) {
+            for (int i = threadIdx.x; i < size / 2; i += block_size()) {
                 const int a = 2 * i - (i & (j - 1)), b = a + j;
                 const u64 x = s.list[a], y = s.list[b];
                 if ((a & k) == 0 ? x < y : x > y) {
@@ -1137,29 +1142,9 @@ __device__ void bitonic_sort(SampleShared& s, int size, int from, int step, bool
                     s.list[b] = x;
                 }
             }
-            if (one_warp) {
-                __syncwarp();
-            } else {
-                __syncthreads();
-            }
+            __syncthreads();
         }
     }
-}
-
-// Rank 0: sorts the first n entries of its list in descending order, zeros padding them to a
-// power of two (zeros sort last). One warp sorts up to 256 entries (a top-k list of tens: a
-// warp's barrier costs far less than the block's), the block a longer list.
-__device__ void sort_list(SampleShared& s, int n) {
-    int size = 1;
-    while (size < n) size <<= 1;
-    for (int i = n + threadIdx.x; i < size; i += block_size()) s.list[i] = 0;
-    __syncthreads();
-    if (size > 256) {
-        bitonic_sort(s, size, threadIdx.x, block_size(), false);
-        return;
-    }
-    if (threadIdx.x < 32) bitonic_sort(s, size, threadIdx.x, 32, true);
-    __syncthreads();
 }
 
 // Rank 0: the first position of its (sorted) list at which the running sum of weight(entry) from
