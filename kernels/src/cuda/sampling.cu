@@ -961,8 +961,8 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, float scale,
 // s.stage.try_list says whether the guess is worth a pass: not where the maximum's own term
 // rounds to fewer than 16 units (a low temperature in a wide bin: the top of the row is lost to
 // rounding, and the check would fail), nor where the need plus the margin passes the total (the
-// range would reach the lowest bin). Clears
-// the histogram, which the general selection builds again when the guess is not tried.
+// range would reach the lowest bin). Clears the histogram, which the general selection builds
+// again when the guess is not tried.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
     const int per = SAMPLE_BINS / block_size();
@@ -1174,9 +1174,9 @@ __device__ int first_reaching(SampleShared& s, int n, u64 need, W weight) {
 }
 
 // Rank 0: finish_in_list for a list of at most SMALL_LIST entries (a one-pass top-k cut to few
-// more than k, or a histogram path's short list), without sorting: thread t takes entry t and sums, over the whole list, what lies
-// above it (entries, and their mass) and, once the candidates are known, the candidates' mass at
-// or before it in vocabulary order. The k-th key, the top-p threshold and the token are each the
+// more than k, or a histogram path's short list), without sorting: thread t takes entry t and
+// sums, over the whole list, what lies above it (entries, and their mass) and, once the
+// candidates are known, the candidates' mass at or before it in vocabulary order. The k-th key, the top-p threshold and the token are each the
 // entry whose sums say so. Two loops over the list and four barriers: 2.8 us a row, where the
 // two sorts below took 6-10 (a barrier at each round, or a warp's shuffles).
 template <typename T>
@@ -1547,40 +1547,39 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             publish(s);
         }
         cluster_sync();
-        if (!s.d.try_list) {
+        bool resolved = false;  // by the guess
+        if (s.d.try_list) {
+            // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
+            const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
+            const float scale = c.scale;
+            u64 above = 0, total = 0;
+            gather_into_rank0(
+                c, s, [=](u32 key) { return key >= lo_key && key <= hi_key; },
+                [&](float x, u32 key, bool ok) {
+                    const u64 w = ok ? fixed_weight(x, mx, scale) : 0ull;
+                    total += w;
+                    above += key > hi_key ? w : 0ull;
+                });
+            above = block_sum_u64(above, s);
+            total = block_sum_u64(total, s);
+            if (threadIdx.x == 0) {
+                store_remote(remote(&s.acc[c.rank], 0), above);
+                store_remote(remote(&s.sums[1][c.rank], 0), total);
+            }
+            cluster_sync();  // rank 0's list is complete, and it has every block's sums
+            if (c.rank == 0) {
+                check_top_p_guess(c, s, lo_key, hi_key);
+            } else {
+                clear_histogram(s);
+            }
+            cluster_sync();
+            resolved = s.d.resolved;
+        } else {
             if (c.rank != 0) clear_histogram(s);
             __syncthreads();
-            const u32 key = cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
-            draw(c, s, key_value(key), out);
-            return;
         }
-        // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
-        const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
-        const float scale = c.scale;
-        u64 above = 0, total = 0;
-        gather_into_rank0(
-            c, s, [=](u32 key) { return key >= lo_key && key <= hi_key; },
-            [&](float x, u32 key, bool ok) {
-                const u64 w = ok ? fixed_weight(x, mx, scale) : 0ull;
-                total += w;
-                above += key > hi_key ? w : 0ull;
-            });
-        above = block_sum_u64(above, s);
-        total = block_sum_u64(total, s);
-        if (threadIdx.x == 0) {
-            store_remote(remote(&s.acc[c.rank], 0), above);
-            store_remote(remote(&s.sums[1][c.rank], 0), total);
-        }
-        cluster_sync();  // rank 0's list is complete, and it has every block's sums
-        if (c.rank == 0) {
-            check_top_p_guess(c, s, lo_key, hi_key);
-        } else {
-            clear_histogram(s);
-        }
-        cluster_sync();
-        const u32 key = s.d.resolved
-                            ? s.d.key
-                            : cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
+        const u32 key = resolved ? s.d.key
+                                 : cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
         draw(c, s, key_value(key), out);
     } else {
         slice_sums(c, s, 0);  // key 0 is a NaN's: every other logit counts
