@@ -8,7 +8,27 @@ use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
 use crate::source::Source;
 
-/// Fills `out` with elements `0..out.len()` of the stream `key`, uniform in
+/// Which elements of a stream a tensor holds: output element `i`, in row `i / width` and
+/// column `i % width`, is element `first + row * stride + column`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub first: u64,
+    pub width: u64,
+    pub stride: u64,
+}
+
+impl Window {
+    /// Elements `0..len`: a whole tensor's own stream.
+    pub fn whole(len: u64) -> Self {
+        Self {
+            first: 0,
+            width: len.max(1),
+            stride: len.max(1),
+        }
+    }
+}
+
+/// Fills `out` with the elements `window` picks from the stream `key`, uniform in
 /// `mean ± half_width` (see `random.cu` for the exact arithmetic).
 pub fn fill_uniform(
     gpu: &Gpu,
@@ -16,6 +36,7 @@ pub fn fill_uniform(
     key: u64,
     mean: f32,
     half_width: f32,
+    window: Window,
 ) -> Result<()> {
     const K: &str = "fill_uniform_bf16";
     let n = out.len() as u64;
@@ -31,7 +52,10 @@ pub fn fill_uniform(
         .arg(&n)
         .arg(&key)
         .arg(&mean)
-        .arg(&half_width);
+        .arg(&half_width)
+        .arg(&window.first)
+        .arg(&window.width)
+        .arg(&window.stride);
     unsafe { launch.launch(grid((blocks, 1, 1), 256)) }.during(K)?;
     Ok(())
 }

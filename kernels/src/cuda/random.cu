@@ -20,13 +20,20 @@ __device__ __forceinline__ float uniform_value(u64 key, u64 index, float mean, f
     return __fadd_rn(mean, __fmul_rn(half_width, x));
 }
 
+// Output element i, in row i / width and column i % width, is element first + row * stride +
+// column of the stream: a whole tensor is one window onto its own stream, and a tensor-parallel
+// rank's rows or columns of a tensor are a window onto the whole tensor's.
 extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out,
                                              u64 n,
                                              u64 key,
                                              float mean,
-                                             float half_width) {
+                                             float half_width,
+                                             u64 first,
+                                             u64 width,
+                                             u64 stride) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
-        out[i] = __float2bfloat16_rn(uniform_value(key, i, mean, half_width));
+        const u64 index = first + (i / width) * stride + i % width;
+        out[i] = __float2bfloat16_rn(uniform_value(key, index, mean, half_width));
     }
 }

@@ -15,7 +15,6 @@ use std::time::Instant;
 use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernels::{CudaEvent, CudaSlice, Gpu, PinnedHostSlice};
-use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Error, ModelConfig};
 
 use crate::errors::{device_error, driver_error};
@@ -205,17 +204,16 @@ impl<'a> Loader<'a> {
         let mut offset = 0;
         for (name, shape) in parts {
             let n: usize = shape.iter().product();
-            match self.w.random_seed() {
-                Some(seed) => {
-                    let dist = Uniform::for_tensor(name, shape);
-                    let mut view = out.slice_mut(offset..offset + n);
-                    let key = tensor_key(seed, name);
+            match self.w.random_draw(name)? {
+                Some(draw) => {
+                    let mut view = out.slice_mut(offset..offset + draw.len.min(n));
                     kernels::random::fill_uniform(
                         self.gpu,
                         &mut view,
-                        key,
-                        dist.mean,
-                        dist.half_width,
+                        draw.key,
+                        draw.dist.mean,
+                        draw.dist.half_width,
+                        draw.window,
                     )
                     .map_err(device_error)?;
                     self.bar.inc(2 * n as u64);

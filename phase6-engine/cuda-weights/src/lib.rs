@@ -8,4 +8,4 @@ mod source;
 
 pub use device_weights::{DeviceWeights, LayerWeights};
 pub use errors::{device_error, driver_error};
-pub use source::TensorSource;
+pub use source::{RandomDraw, TensorSource};

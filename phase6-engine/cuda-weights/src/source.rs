@@ -6,7 +6,20 @@
 //! tensor-parallel rank's part of the model).
 
 use half::bf16;
+use kernels::random::Window;
+use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Dtype, Error, Weights};
+
+/// How the device draws a random tensor in place: the whole tensor's stream and distribution,
+/// the window of that stream this source's tensor holds, and how many of its leading elements
+/// are drawn (the rest, padding, stays zero).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RandomDraw {
+    pub key: u64,
+    pub dist: Uniform,
+    pub window: Window,
+    pub len: usize,
+}
 
 /// Named tensors the loader can read.
 pub trait TensorSource: Sync {
@@ -19,6 +32,8 @@ pub trait TensorSource: Sync {
     /// `Some(seed)` when every tensor is `phase2::random_weights`' draw from `seed`, which the
     /// device can make in place instead of reading.
     fn random_seed(&self) -> Option<u64>;
+    /// How tensor `name` is drawn, when [`TensorSource::random_seed`] is `Some`.
+    fn random_draw(&self, name: &str) -> Result<Option<RandomDraw>, Error>;
     /// Bytes of every tensor, as stored.
     fn total_bytes(&self) -> usize;
 }
@@ -42,6 +57,20 @@ impl TensorSource for Weights {
 
     fn random_seed(&self) -> Option<u64> {
         Weights::random_seed(self)
+    }
+
+    fn random_draw(&self, name: &str) -> Result<Option<RandomDraw>, Error> {
+        let Some(seed) = Weights::random_seed(self) else {
+            return Ok(None);
+        };
+        let shape = Weights::shape(self, name)?;
+        let len = shape.iter().product::<usize>();
+        Ok(Some(RandomDraw {
+            key: tensor_key(seed, name),
+            dist: Uniform::for_tensor(name, shape),
+            window: Window::whole(len as u64),
+            len,
+        }))
     }
 
     fn total_bytes(&self) -> usize {

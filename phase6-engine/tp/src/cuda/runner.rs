@@ -87,10 +87,16 @@ impl TpCudaRunner {
                 .map(|h| h.join().expect("a rank panicked while starting"))
                 .collect()
         });
-        let runners = runners.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let (started, failed): (Vec<_>, Vec<_>) = runners.into_iter().partition(Result::is_ok);
+        let runners: Vec<CudaRunner> = started.into_iter().filter_map(Result::ok).collect();
+        if let Some(Err(e)) = failed.into_iter().next() {
+            drop_together(runners);
+            return Err(e);
+        }
         let num_pages = runners.iter().map(|r| r.num_pages()).min().unwrap_or(0);
         if runners.iter().any(|r| r.num_pages() != num_pages) {
             let pages: Vec<_> = runners.iter().map(|r| r.num_pages()).collect();
+            drop_together(runners);
             return Err(Error::OutOfMemory(format!(
                 "the ranks' GPUs hold different numbers of KV pages ({pages:?}): fix the number \
                  with num_kvcache_blocks (CudaOptions::num_pages)"
@@ -211,12 +217,26 @@ impl RankThread {
     }
 }
 
+/// Drops the ranks' runners at once. NCCL (2.19 and later) frees a rank's communicator only
+/// together with the other ranks of its node: dropped one after the other, the first would wait
+/// forever for the rest.
+fn drop_together(runners: Vec<CudaRunner>) {
+    std::thread::scope(|s| {
+        for runner in runners {
+            s.spawn(move || drop(runner));
+        }
+    });
+}
+
 impl Drop for TpCudaRunner {
+    /// Closes every rank's job channel, which ends its loop and drops its runner, before
+    /// waiting for any of them: the ranks free their communicators together (`drop_together`).
     fn drop(&mut self) {
         for rank in &mut self.ranks {
-            // Closing the job channel ends the rank's loop.
             let (closed, _) = channel();
             drop(std::mem::replace(&mut rank.jobs, closed));
+        }
+        for rank in &mut self.ranks {
             if let Some(thread) = rank.thread.take() {
                 let _ = thread.join();
             }

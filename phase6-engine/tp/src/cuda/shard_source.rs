@@ -4,15 +4,17 @@
 //! rank's part of the tensor (the split of [`crate::shard`]): a range of rows (q/k/v, gate/up,
 //! the vocabulary of the embedding and lm_head) is one contiguous read of the file, a range of
 //! columns (o_proj, down) one read per row. Nothing is re-exported: every rank reads its slices
-//! from the same safetensors files. Random weights are drawn element by element at their place
-//! in the whole tensor, so a rank holds exactly the slice of the single-GPU model.
+//! from the same safetensors files. Random weights are drawn at their place in the whole tensor
+//! (on the device, as a window onto the whole tensor's stream), so a rank holds exactly the
+//! slice of the single-GPU model.
 
 use std::ops::Range;
 
 use half::bf16;
+use kernels::random::Window;
 use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Dtype, Error, ModelConfig, Weights};
-use phase6_cuda_weights::TensorSource;
+use phase6_cuda_weights::{RandomDraw, TensorSource};
 use rayon::prelude::*;
 
 use crate::shard::Shard;
@@ -160,9 +162,42 @@ impl TensorSource for ShardSource<'_> {
         }
     }
 
-    /// Random weights are drawn here, slice by slice, rather than made whole on the device.
     fn random_seed(&self) -> Option<u64> {
-        None
+        self.weights.random_seed()
+    }
+
+    /// The rank's rows or columns as a window onto the whole tensor's stream, so the device
+    /// draws exactly the slice the host would cut.
+    fn random_draw(&self, name: &str) -> Result<Option<RandomDraw>, Error> {
+        let Some(whole) = self.weights.random_draw(name)? else {
+            return Ok(None);
+        };
+        let shape = self.weights.shape(name)?;
+        let (window, len) = match self.cut(name)? {
+            Cut::Whole => (whole.window, whole.len),
+            Cut::Rows { rows, width, .. } => {
+                let len = rows.len() * width;
+                let first = (rows.start * width) as u64;
+                let window = Window {
+                    first,
+                    ..Window::whole(len as u64)
+                };
+                (window, len)
+            }
+            Cut::Columns { cols, width } => {
+                let window = Window {
+                    first: cols.start as u64,
+                    width: cols.len() as u64,
+                    stride: width as u64,
+                };
+                (window, shape[0] * cols.len())
+            }
+        };
+        Ok(Some(RandomDraw {
+            window,
+            len,
+            ..whole
+        }))
     }
 
     fn total_bytes(&self) -> usize {
@@ -187,16 +222,88 @@ mod tests {
     fn slices_match_the_cpu_split() {
         let dir = phase2::models_dir().join("fixtures/qwen25-yarn");
         let fixture = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let odd = ModelConfig::from_json(
+        for (c, tp) in [(fixture, 2), (odd(), 4)] {
+            check_ranks(&c, tp);
+        }
+    }
+
+    /// 2 KV heads (copied over 4 ranks) and a vocabulary of 2,001 (the last slice padded).
+    fn odd() -> ModelConfig {
+        ModelConfig::from_json(
             r#"{"architectures":["Qwen2ForCausalLM"],"vocab_size":2001,"hidden_size":64,
             "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,
             "num_key_value_heads":2,"rms_norm_eps":1e-6,"rope_theta":10000,
             "max_position_embeddings":64,"tie_word_embeddings":true}"#,
             std::path::Path::new("config.json"),
         )
-        .unwrap();
-        for (c, tp) in [(fixture, 2), (odd, 4)] {
-            check_ranks(&c, tp);
+        .unwrap()
+    }
+
+    /// On a GPU, random weights are drawn in place: each rank's tensors, uploaded by chapter
+    /// 6.4's loader, are the slices the host reads (rows, columns, padded vocabulary).
+    #[test]
+    fn slices_drawn_on_the_device_match_the_host_reads() {
+        let gpu = match kernels::Gpu::open(0) {
+            Ok(gpu) => gpu,
+            Err(kernels::Error::NoDevice(reason)) => {
+                use std::io::Write;
+                let line =
+                    format!("slices_drawn_on_the_device_match_the_host_reads: skipped: {reason}\n");
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                return;
+            }
+            Err(other) => panic!("a GPU is present but cannot be used: {other}"),
+        };
+        let dir = phase2::models_dir().join("fixtures/qwen3-hd32-kv1-untied");
+        let untied = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        for (c, tp) in [(untied, 2), (odd(), 4)] {
+            let weights = Weights::random(&c, 7);
+            for rank in 0..tp {
+                let shard = Shard {
+                    rank,
+                    world_size: tp,
+                };
+                let view = ShardSource::new(&weights, &c, shard);
+                let narrow = ModelConfig {
+                    vocab_size: ShardSource::vocab_rows(&c, tp),
+                    ..shard.config(&c)
+                };
+                let d = phase6_cuda_weights::DeviceWeights::upload(&gpu, &narrow, &view).unwrap();
+                let host = |names: &[&str]| -> Vec<bf16> {
+                    let mut all = Vec::new();
+                    for name in names {
+                        let n: usize = view.shape(name).unwrap().iter().product();
+                        let mut out = vec![bf16::ZERO; n];
+                        view.read_bf16(name, 0, &mut out).unwrap();
+                        all.extend(out);
+                    }
+                    all
+                };
+                let down = |x: &kernels::CudaSlice<bf16>| gpu.download(x).unwrap();
+                let p = |s: &str| format!("model.layers.1.{s}");
+                let l = &d.layers[1];
+                let qkv =
+                    ["q_proj", "k_proj", "v_proj"].map(|x| p(&format!("self_attn.{x}.weight")));
+                assert_eq!(
+                    down(&l.qkv),
+                    host(&qkv.each_ref().map(String::as_str)),
+                    "rank {rank} of {tp}: qkv"
+                );
+                assert_eq!(
+                    down(&l.o_proj),
+                    host(&[&p("self_attn.o_proj.weight")]),
+                    "o_proj"
+                );
+                assert_eq!(down(&l.down), host(&[&p("mlp.down_proj.weight")]), "down");
+                assert_eq!(
+                    down(&d.embed),
+                    host(&["model.embed_tokens.weight"]),
+                    "embedding"
+                );
+                if let Some(head) = &d.lm_head {
+                    assert_eq!(down(head), host(&["lm_head.weight"]), "lm_head");
+                }
+            }
         }
     }
 

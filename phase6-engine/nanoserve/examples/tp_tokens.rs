@@ -1,0 +1,209 @@
+//! Tensor parallelism against one rank, token by token: one model run greedily at
+//! `tensor_parallel_size` 1 and at N on the same prompts, compared step by step.
+//!
+//! `cargo run --release -p nanoserve --features cuda --example tp_tokens -- --device cuda
+//! --config configs/qwen3-8b.json --tp 2` (random weights; `--device cpu` runs the ranks as
+//! threads, `--prompts 16 --steps 64` are the defaults).
+//!
+//! One rank runs every prompt (16 to 2,000 tokens, spread geometrically) for `--steps` greedy
+//! tokens; N ranks then read the same tokens (teacher forcing), so their logits answer the same
+//! question at every step. Printed per prompt: the first step's logit error relative to the
+//! largest logit (bf16 rounding in a different order of additions: the goal is under 2%); how many
+//! leading steps have a top-2 margin of at least `--margin` (0.5) in the one-rank logits, the
+//! steps where rounding cannot reorder the top two; and how many greedy tokens the N ranks share
+//! with one rank before they first differ, which must reach the first of them. Over all steps,
+//! the share of wide-margin steps on which both pick the same token. Exits with 1 on a miss.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use nanoserve::runners::build_runner;
+use phase0::TokenId;
+use phase2::{ModelConfig, Weights};
+use phase6::{Config, Device};
+use phase6_fp8::measure::{Sequences, argmax, common_prefix};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn num(name: &str, default: usize) -> usize {
+    arg(name).map_or(default, |s| {
+        s.parse()
+            .unwrap_or_else(|_| panic!("{name} takes a number, not {s}"))
+    })
+}
+
+/// `n` prompt lengths from `shortest` to `longest`, evenly spread on a log scale.
+fn lengths(n: usize, shortest: usize, longest: usize) -> Vec<usize> {
+    let ratio = longest as f64 / shortest as f64;
+    (0..n)
+        .map(|i| {
+            let f = if n > 1 {
+                i as f64 / (n - 1) as f64
+            } else {
+                0.0
+            };
+            (shortest as f64 * ratio.powf(f)).round() as usize
+        })
+        .collect()
+}
+
+/// A prompt of `len` token ids drawn from `vocab` by a fixed linear congruential sequence.
+fn prompt(len: usize, vocab: usize, seed: u64) -> Vec<TokenId> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab as u64) as TokenId
+        })
+        .collect()
+}
+
+/// The gap between the largest logit and the next.
+fn margin(row: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > first {
+            second = first;
+            first = x;
+        } else if x > second {
+            second = x;
+        }
+    }
+    first - second
+}
+
+/// `max |a - b| / max |b|`.
+fn error_of_scale(a: &[f32], b: &[f32]) -> f32 {
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    err / b.iter().fold(0.0f32, |m, y| m.max(y.abs()))
+}
+
+/// Every prompt's logits at every step (`[step][prompt]`), reading `tokens[prompt][step]` after
+/// the prompt, or (with `tokens` empty) each step's own greedy choice.
+fn run(
+    model: &ModelConfig,
+    weights: &Weights,
+    config: &Config,
+    prompts: &[Vec<TokenId>],
+    tokens: &[Vec<TokenId>],
+    steps: usize,
+) -> Result<Vec<Vec<Vec<f32>>>, phase6::Error> {
+    let start = Instant::now();
+    let mut runner = build_runner(model.clone(), weights, config)?;
+    eprintln!(
+        "tp {}: {} (ready in {:.1} s)",
+        config.tensor_parallel_size,
+        runner.report,
+        start.elapsed().as_secs_f64()
+    );
+    let mut seqs = Sequences::new(&mut *runner.runner, prompts.len())?;
+    let mut out: Vec<Vec<Vec<f32>>> = Vec::with_capacity(steps);
+    let mut next = prompts.to_vec();
+    let start = Instant::now();
+    for step in 0..steps {
+        let rows = seqs.step(&next)?;
+        next = (0..prompts.len())
+            .map(|i| match tokens.get(i) {
+                Some(forced) => vec![forced[step]],
+                None => vec![argmax(&rows[i])],
+            })
+            .collect();
+        out.push(rows);
+    }
+    eprintln!(
+        "tp {}: {steps} steps in {:.2} s",
+        config.tensor_parallel_size,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(out)
+}
+
+fn main() -> Result<(), phase6::Error> {
+    let path = PathBuf::from(arg("--config").unwrap_or_else(|| "configs/qwen3-0.6b.json".into()));
+    let device: Device = arg("--device").unwrap_or_else(|| "cuda".into()).parse()?;
+    let tp = num("--tp", 2);
+    let (n, steps) = (num("--prompts", 16), num("--steps", 64));
+    let wide: f32 = arg("--margin").map_or(0.5, |s| s.parse().expect("--margin takes a number"));
+    let model = ModelConfig::from_file(&path)?;
+    let weights = Weights::random(&model, 0);
+    let prompts: Vec<Vec<TokenId>> = lengths(n, 16, 2000)
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| prompt(len, model.vocab_size, i as u64))
+        .collect();
+    let total: usize = prompts.iter().map(Vec::len).sum();
+    let pages = prompts
+        .iter()
+        .map(|p| (p.len() + steps).div_ceil(16))
+        .sum::<usize>();
+    let config = |tensor_parallel_size| Config {
+        device,
+        tensor_parallel_size,
+        kvcache_block_size: 16,
+        num_kvcache_blocks: pages as i64,
+        cpu_kv_cache_bytes: 4 << 30,
+        max_num_batched_tokens: total.max(16384),
+        max_num_seqs: n,
+        max_model_len: 2000 + steps,
+        ..Config::default()
+    };
+    let one = run(&model, &weights, &config(1), &prompts, &[], steps)?;
+    let chosen: Vec<Vec<TokenId>> = (0..n)
+        .map(|i| one.iter().map(|rows| argmax(&rows[i])).collect())
+        .collect();
+    let many = run(&model, &weights, &config(tp), &prompts, &chosen, steps)?;
+
+    println!(
+        "{} with random weights, tensor_parallel_size {tp} against 1, {steps} greedy steps\n",
+        path.display()
+    );
+    println!(
+        "| prompt tokens | first-step error / largest logit | leading steps with margin >= {wide} | tokens shared before the first difference | wide-margin steps alike |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    let (mut misses, mut wide_steps, mut wide_alike) = (0, 0, 0);
+    for (i, p) in prompts.iter().enumerate() {
+        let err = error_of_scale(&many[0][i], &one[0][i]);
+        let margins: Vec<f32> = one.iter().map(|rows| margin(&rows[i])).collect();
+        let leading = margins.iter().take_while(|&&m| m >= wide).count();
+        let theirs: Vec<TokenId> = many.iter().map(|rows| argmax(&rows[i])).collect();
+        let shared = common_prefix(&theirs, &chosen[i]);
+        let (w, alike) = margins
+            .iter()
+            .zip(theirs.iter().zip(&chosen[i]))
+            .filter(|(m, _)| **m >= wide)
+            .fold((0, 0), |(w, a), (_, (x, y))| {
+                (w + 1, a + usize::from(x == y))
+            });
+        wide_steps += w;
+        wide_alike += alike;
+        let ok = err <= 0.02 && shared >= leading && alike == w;
+        misses += usize::from(!ok);
+        println!(
+            "| {} | {:.3}% | {leading} | {shared} | {alike} of {w}{} |",
+            p.len(),
+            100.0 * err,
+            if ok { "" } else { " **miss**" }
+        );
+    }
+    println!(
+        "\nWide-margin steps alike: {wide_alike} of {wide_steps}; prompts missing a goal: {misses} of {n}."
+    );
+    if misses > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
