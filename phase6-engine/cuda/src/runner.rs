@@ -505,6 +505,15 @@ fn kv_pages(c: &ModelConfig, o: &CudaOptions, free: usize, total: usize) -> Resu
     Ok(pages)
 }
 
+impl Drop for CudaRunner {
+    /// The decode graphs go before the model they replay. A graph that captured an NCCL
+    /// collective (a tensor-parallel rank, chapter 6.5) holds a reference on the communicator,
+    /// which waits for every such graph to be destroyed before it frees itself.
+    fn drop(&mut self) {
+        self.graphs = None;
+    }
+}
+
 impl ModelRunner for CudaRunner {
     fn kv_layout(&self) -> KvLayout {
         KvLayout {

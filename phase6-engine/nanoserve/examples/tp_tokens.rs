@@ -20,7 +20,8 @@ use std::time::Instant;
 use nanoserve::runners::build_runner;
 use phase0::TokenId;
 use phase2::{ModelConfig, Weights};
-use phase6::{Config, Device};
+use phase6::{Config, Device, Runner};
+use phase6_chunks::ChunkRunner;
 use phase6_fp8::measure::{Sequences, argmax, common_prefix};
 
 fn arg(name: &str) -> Option<String> {
@@ -92,7 +93,8 @@ fn error_of_scale(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Every prompt's logits at every step (`[step][prompt]`), reading `tokens[prompt][step]` after
-/// the prompt, or (with `tokens` empty) each step's own greedy choice.
+/// the prompt, or (with `tokens` empty) each step's own greedy choice; and the runner, kept until
+/// the results are printed.
 fn run(
     model: &ModelConfig,
     weights: &Weights,
@@ -100,7 +102,7 @@ fn run(
     prompts: &[Vec<TokenId>],
     tokens: &[Vec<TokenId>],
     steps: usize,
-) -> Result<Vec<Vec<Vec<f32>>>, phase6::Error> {
+) -> Result<(Vec<Vec<Vec<f32>>>, Runner<dyn ChunkRunner>), phase6::Error> {
     let start = Instant::now();
     let mut runner = build_runner(model.clone(), weights, config)?;
     eprintln!(
@@ -128,7 +130,8 @@ fn run(
         config.tensor_parallel_size,
         start.elapsed().as_secs_f64()
     );
-    Ok(out)
+    drop(seqs);
+    Ok((out, runner))
 }
 
 fn main() -> Result<(), phase6::Error> {
@@ -160,11 +163,11 @@ fn main() -> Result<(), phase6::Error> {
         max_model_len: 2000 + steps,
         ..Config::default()
     };
-    let one = run(&model, &weights, &config(1), &prompts, &[], steps)?;
+    let (one, _one_rank) = run(&model, &weights, &config(1), &prompts, &[], steps)?;
     let chosen: Vec<Vec<TokenId>> = (0..n)
         .map(|i| one.iter().map(|rows| argmax(&rows[i])).collect())
         .collect();
-    let many = run(&model, &weights, &config(tp), &prompts, &chosen, steps)?;
+    let (many, _ranks) = run(&model, &weights, &config(tp), &prompts, &chosen, steps)?;
 
     println!(
         "{} with random weights, tensor_parallel_size {tp} against 1, {steps} greedy steps\n",
