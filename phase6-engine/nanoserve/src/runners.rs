@@ -2,7 +2,7 @@
 //! for more than one rank, the FP8 CPU runner when it asks for an FP8 K/V cache, or the CUDA
 //! runner when this build has the `cuda` feature and the config asks for a GPU (or `auto` finds
 //! one), with overlap scheduling; with more than one rank on GPUs, the tensor-parallel CUDA
-//! runner (one GPU per rank, steps not overlapped).
+//! runner (one GPU per rank, overlapped alike).
 
 use phase2::{ModelConfig, Tokenizer, Weights};
 use phase6::{Config, Device, Error, KvCacheDtype, LLM, Runner};
@@ -70,12 +70,11 @@ pub fn start_llm(
     config.validate()?;
     config.validate_for(&model_config)?;
     let runner = build_runner(model_config.clone(), weights, &config)?;
-    let overlap = config.overlap_scheduling
-        && config.tensor_parallel_size == 1
-        && matches!(runner.device, Device::Cuda(_));
+    let overlap = config.overlap_scheduling && matches!(runner.device, Device::Cuda(_));
+    let ranks = config.tensor_parallel_size;
     let mut llm = LLM::from_runner(runner, model_config, tokenizer, config)?;
     if overlap {
-        install_overlap(&mut llm);
+        install_overlap(&mut llm, ranks);
     }
     Ok(llm)
 }
@@ -94,12 +93,16 @@ fn gpu_present() -> bool {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn install_overlap(_: &mut ChunkLLM) {}
+fn install_overlap(_: &mut ChunkLLM, _: usize) {}
 
 #[cfg(feature = "cuda")]
-fn install_overlap(llm: &mut ChunkLLM) {
+fn install_overlap(llm: &mut ChunkLLM, ranks: usize) {
     use phase6_cuda::{CudaRunner, OverlapDriver};
-    llm.set_driver(Box::new(OverlapDriver::<CudaRunner>::new(true)));
+    use phase6_tp::cuda::TpCudaRunner;
+    match ranks {
+        1 => llm.set_driver(Box::new(OverlapDriver::<CudaRunner>::new(true))),
+        _ => llm.set_driver(Box::new(OverlapDriver::<TpCudaRunner>::new(true))),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -3,16 +3,18 @@
 //! the NCCL path, graphs included, on one GPU (not the cuts: one rank holds whole tensors). With two GPUs or more, ranks give the
 //! single GPU's logits within bf16 rounding and its greedy tokens up to near-ties (see
 //! `phase6-cuda`'s tests for the rule). Without a GPU, without NCCL, or with too few GPUs, each
-//! test prints why it is skipped.
+//! test prints why it is skipped. Overlap scheduling over the ranks changes no token.
 
 use std::io::Write;
 use std::path::Path;
 
+use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
 use phase2::sampler::argmax;
 use phase2::{ForwardBatch, ForwardSeq, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir};
+use phase5::{Batching, Engine, SchedulerConfig};
 use phase6_chunks::ChunkRunner;
-use phase6_cuda::{CudaOptions, CudaRunner};
+use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
 use phase6_tp::check_split;
 use phase6_tp::cuda::{TpCudaRunner, nccl};
 
@@ -206,6 +208,81 @@ fn ranks_on_several_gpus_match_one() {
                 }
                 assert_eq!(a, b, "{name} tp {tp}: token {step}");
             }
+        }
+    }
+}
+
+/// Eight requests (greedy and seeded) run to completion on `ranks`, one step at a time or with
+/// the next step decided while the ranks compute (overlap scheduling); outputs in request order,
+/// after checking that every page came back.
+fn run_requests(ranks: TpCudaRunner, prompts: &[Vec<TokenId>], overlap: bool) -> Vec<Vec<TokenId>> {
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 256,
+        max_num_seqs: 8,
+        chunk_size: Some(64),
+        enable_prefix_caching: true,
+        batching: Batching::Continuous,
+        max_model_len: 2048,
+    };
+    let pages = ranks.num_pages();
+    let mut engine = Engine::new(ranks, config, vec![], 7).unwrap();
+    let ids: Vec<SeqId> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let params = match i % 2 {
+                0 => SamplingParams::greedy(),
+                _ => SamplingParams::default()
+                    .with_temperature(0.8)
+                    .with_seed(i as u64),
+            };
+            let params = params.with_max_tokens(6 + 5 * i).with_ignore_eos(true);
+            engine.add_request(p.clone(), params).unwrap()
+        })
+        .collect();
+    let mut done = Vec::new();
+    if overlap {
+        let mut driver = Overlap::new(true);
+        while !engine.is_finished() || driver.in_flight() {
+            done.extend(driver.step(&mut engine, |r| r).unwrap().finished);
+        }
+    } else {
+        done = engine.run_to_completion().unwrap();
+    }
+    done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
+    engine.scheduler_mut().clear_cache();
+    assert_eq!(
+        engine.scheduler().pool().num_free(),
+        pages,
+        "every page back"
+    );
+    done.into_iter().map(|f| f.output).collect()
+}
+
+#[test]
+fn overlapped_ranks_give_the_tokens_of_one_step_at_a_time() {
+    let Some(gpus) = gpus_with_nccl(1) else {
+        return;
+    };
+    let (config, weights) = load("qwen3-yarn");
+    let prompts: Vec<Vec<TokenId>> = (0..8)
+        .map(|i| {
+            (0..20 + 37 * i)
+                .map(|j| ((j * 7919 + i * 13) % config.vocab_size) as u32)
+                .collect()
+        })
+        .collect();
+    for tp in [1, 2].into_iter().filter(|&tp| tp <= gpus) {
+        let ranks = || TpCudaRunner::new(&config, &weights, options(false), tp).unwrap();
+        let sync = run_requests(ranks(), &prompts, false);
+        let overlapped = run_requests(ranks(), &prompts, true);
+        assert_eq!(overlapped, sync, "tp {tp}");
+        for (i, out) in sync.iter().enumerate() {
+            assert_eq!(
+                out.len(),
+                6 + 5 * i,
+                "tp {tp}: request {i} ran to its length"
+            );
         }
     }
 }

@@ -16,7 +16,7 @@ use phase1::{BlockTable, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
 use phase6::{Config, Device, Runner};
 use phase6_chunks::{CascadeStats, ChunkRunner};
-use phase6_cuda::{CudaOptions, CudaRunner, DeviceWeights, MemoryReport};
+use phase6_cuda::{CudaOptions, CudaRunner, DeviceWeights, MemoryReport, QueuedRunner};
 use phase6_cuda_weights::device_error;
 
 use crate::cuda::nccl::{self, NcclGroup};
@@ -270,6 +270,20 @@ impl ModelRunner for TpCudaRunner {
     fn forward_sample(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>, Error> {
         let batch = Arc::new(batch.clone());
         self.on_all_ranks(move |r| r.forward_sample(&batch))
+    }
+}
+
+/// Overlap scheduling (chapter 6.4) over every rank: each rank queues its part of the step and
+/// answers at once, so the scheduler decides the next step while the GPUs compute this one.
+/// Every rank samples the same tokens, so a pending decode input reads the same id on each.
+impl QueuedRunner for TpCudaRunner {
+    fn launch(&mut self, batch: &ForwardBatch) -> Result<(), Error> {
+        let batch = Arc::new(batch.clone());
+        self.on_all_ranks(move |r| r.launch(&batch))
+    }
+
+    fn collect(&mut self) -> Result<Vec<TokenId>, Error> {
+        self.on_all_ranks(|r| r.collect())
     }
 }
 
