@@ -15,7 +15,7 @@ use phase0::{Batch, SeqId, TokenId};
 use phase1::BlockTable;
 use phase2::{Error, ForwardBatch, ForwardSeq, ModelRunner, SampleSpec, SeqState};
 use phase3::{ChunkedScheduler, PrefixCache, Scheduled};
-use phase5::{Engine, StepOutput};
+use phase5::{Engine, FinishedRequest, StepOutput};
 use phase6::StepDriver;
 use phase6_chunks::ChunkRunner;
 
@@ -187,6 +187,20 @@ impl Overlap {
         let outcome = engine.scheduler_mut().complete(current, &sampled);
         Ok(engine.publish(outcome))
         // END SOLUTION
+    }
+
+    /// Steps `engine` until every request has finished and no step is in flight: the engine's
+    /// `run_to_completion`, overlapped. The requests in the order they finished.
+    pub fn run_to_completion<R: ModelRunner>(
+        &mut self,
+        engine: &mut Engine<R>,
+        queue: impl Fn(&mut R) -> &mut dyn QueuedRunner,
+    ) -> Result<Vec<FinishedRequest>, Error> {
+        let mut done = Vec::new();
+        while !engine.is_finished() || self.in_flight() {
+            done.extend(self.step(engine, &queue)?.finished);
+        }
+        Ok(done)
     }
 }
 

@@ -641,15 +641,11 @@ fn run_requests(
         .iter()
         .map(|(p, params)| engine.add_request(p.clone(), params.clone()).unwrap())
         .collect();
-    let mut done = Vec::new();
-    if overlap {
-        let mut driver = Overlap::new(true);
-        while !engine.is_finished() || driver.in_flight() {
-            done.extend(driver.step(&mut engine, |r| r).unwrap().finished);
-        }
-    } else {
-        done = engine.run_to_completion().unwrap();
+    let mut done = match overlap {
+        true => Overlap::new(true).run_to_completion(&mut engine, |r| r),
+        false => engine.run_to_completion(),
     }
+    .unwrap();
     assert_eq!(done.len(), requests.len(), "every request finished once");
     done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
     engine.scheduler_mut().clear_cache();

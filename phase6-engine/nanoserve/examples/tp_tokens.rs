@@ -16,6 +16,8 @@
 //! which must be all. Exits with 1 when a token check fails.
 
 use std::path::PathBuf;
+
+use clap::Parser;
 use std::time::Instant;
 
 use nanoserve::runners::build_runner;
@@ -25,18 +27,25 @@ use phase6::{Config, Device, Runner};
 use phase6_chunks::ChunkRunner;
 use phase6_fp8::measure::{Sequences, argmax, common_prefix, rel_error};
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn num(name: &str, default: usize) -> usize {
-    arg(name).map_or(default, |s| {
-        s.parse()
-            .unwrap_or_else(|_| panic!("{name} takes a number, not {s}"))
-    })
+/// The comparison's options.
+#[derive(Parser)]
+struct Args {
+    /// The architecture, run with random weights.
+    #[arg(long, default_value = "configs/qwen3-0.6b.json")]
+    config: PathBuf,
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// Ranks compared with one.
+    #[arg(long, default_value_t = 2)]
+    tp: usize,
+    #[arg(long, default_value_t = 16)]
+    prompts: usize,
+    /// Greedy steps after each prompt.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// The top-2 margin at which rounding should not reorder the top two.
+    #[arg(long, default_value_t = 0.5)]
+    margin: f32,
 }
 
 /// `n` prompt lengths from `shortest` to `longest`, evenly spread on a log scale.
@@ -93,6 +102,9 @@ fn error_of_scale(a: &[f32], b: &[f32]) -> f32 {
     err / b.iter().fold(0.0f32, |m, y| m.max(y.abs()))
 }
 
+/// `[step][prompt]`: a prompt's logits after a step.
+type StepLogits = Vec<Vec<Vec<f32>>>;
+
 /// Every prompt's logits at every step (`[step][prompt]`), reading `tokens[prompt][step]` after
 /// the prompt, or (with `tokens` empty) each step's own greedy choice; and the runner, kept until
 /// the results are printed.
@@ -103,7 +115,7 @@ fn run(
     prompts: &[Vec<TokenId>],
     tokens: &[Vec<TokenId>],
     steps: usize,
-) -> Result<(Vec<Vec<Vec<f32>>>, Runner<dyn ChunkRunner>), phase6::Error> {
+) -> Result<(StepLogits, Runner<dyn ChunkRunner>), phase6::Error> {
     let start = Instant::now();
     let mut runner = build_runner(model.clone(), weights, config)?;
     eprintln!(
@@ -113,7 +125,7 @@ fn run(
         start.elapsed().as_secs_f64()
     );
     let mut seqs = Sequences::new(&mut *runner.runner, prompts.len())?;
-    let mut out: Vec<Vec<Vec<f32>>> = Vec::with_capacity(steps);
+    let mut out: StepLogits = Vec::with_capacity(steps);
     let mut next = prompts.to_vec();
     let start = Instant::now();
     for step in 0..steps {
@@ -136,11 +148,9 @@ fn run(
 }
 
 fn main() -> Result<(), phase6::Error> {
-    let path = PathBuf::from(arg("--config").unwrap_or_else(|| "configs/qwen3-0.6b.json".into()));
-    let device: Device = arg("--device").unwrap_or_else(|| "cuda".into()).parse()?;
-    let tp = num("--tp", 2);
-    let (n, steps) = (num("--prompts", 16), num("--steps", 64));
-    let wide: f32 = arg("--margin").map_or(0.5, |s| s.parse().expect("--margin takes a number"));
+    let args = Args::parse();
+    let (path, tp, n, steps, wide) = (args.config, args.tp, args.prompts, args.steps, args.margin);
+    let device: Device = args.device.parse()?;
     let model = ModelConfig::from_file(&path)?;
     let weights = Weights::random(&model, 0);
     let prompts: Vec<Vec<TokenId>> = lengths(n, 16, 2000)

@@ -16,21 +16,26 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use clap::Parser;
+
 use kernels::{Gpu, bf16, graph};
 use phase6_tp::cuda::nccl::{self, NcclGroup};
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn num(name: &str, default: usize) -> usize {
-    arg(name).map_or(default, |s| {
-        s.parse()
-            .unwrap_or_else(|_| panic!("{name} takes a number, not {s}"))
-    })
+/// The measurement's options.
+#[derive(Parser)]
+struct Args {
+    /// Ranks, one GPU each.
+    #[arg(long, default_value_t = 2)]
+    tp: usize,
+    /// Elements of one token's hidden state.
+    #[arg(long, default_value_t = 4096)]
+    hidden: usize,
+    /// Tokens of each size measured.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,128,256")]
+    tokens: Vec<usize>,
+    /// All-reduces captured into one graph, as in a decode step.
+    #[arg(long, default_value_t = 73)]
+    per_step: usize,
 }
 
 const EAGER_CALLS: usize = 1000;
@@ -94,14 +99,12 @@ fn rank_times(
 }
 
 fn main() -> Result<(), String> {
-    let tp = num("--tp", 2);
-    let hidden = num("--hidden", 4096);
-    let per_step = num("--per-step", 73);
-    let tokens: Vec<usize> = arg("--tokens")
-        .unwrap_or_else(|| "1,64,128,256".into())
-        .split(',')
-        .map(|s| s.parse().expect("--tokens takes numbers"))
-        .collect();
+    let Args {
+        tp,
+        hidden,
+        tokens,
+        per_step,
+    } = Args::parse();
     let found = kernels::device_count().map_err(|e| e.to_string())?;
     if found < tp {
         return Err(format!("--tp {tp} needs {tp} GPUs, {found} found"));

@@ -5,6 +5,7 @@
 //! `phase6-cuda`'s tests for the rule). Without a GPU, without NCCL, or with too few GPUs, each
 //! test prints why it is skipped. Overlap scheduling over the ranks changes no token.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -12,7 +13,7 @@ use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
 use phase2::sampler::argmax;
 use phase2::{ForwardBatch, ForwardSeq, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir};
-use phase5::{Batching, Engine, SchedulerConfig};
+use phase5::{Engine, SchedulerConfig};
 use phase6_chunks::ChunkRunner;
 use phase6_cuda::{CudaOptions, CudaRunner, Overlap};
 use phase6_tp::check_split;
@@ -213,50 +214,45 @@ fn ranks_on_several_gpus_match_one() {
 }
 
 /// Eight requests (greedy and seeded) run to completion on `ranks`, one step at a time or with
-/// the next step decided while the ranks compute (overlap scheduling); outputs in request order,
-/// after checking that every page came back.
-fn run_requests(ranks: TpCudaRunner, prompts: &[Vec<TokenId>], overlap: bool) -> Vec<Vec<TokenId>> {
+/// the next step decided while the ranks compute (overlap scheduling): each request's output by
+/// its id (ids follow the order of `prompts`), after checking that every page came back.
+fn run_requests(
+    ranks: TpCudaRunner,
+    prompts: &[Vec<TokenId>],
+    overlap: bool,
+) -> BTreeMap<SeqId, Vec<TokenId>> {
+    // Prompts cut in 64-token chunks, beside decodes: mixed steps, then decode-only ones.
     let config = SchedulerConfig {
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
         chunk_size: Some(64),
-        enable_prefix_caching: true,
-        batching: Batching::Continuous,
-        max_model_len: 2048,
+        ..SchedulerConfig::default()
     };
     let pages = ranks.num_pages();
     let mut engine = Engine::new(ranks, config, vec![], 7).unwrap();
-    let ids: Vec<SeqId> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let params = match i % 2 {
-                0 => SamplingParams::greedy(),
-                _ => SamplingParams::default()
-                    .with_temperature(0.8)
-                    .with_seed(i as u64),
-            };
-            let params = params.with_max_tokens(6 + 5 * i).with_ignore_eos(true);
-            engine.add_request(p.clone(), params).unwrap()
-        })
-        .collect();
-    let mut done = Vec::new();
-    if overlap {
-        let mut driver = Overlap::new(true);
-        while !engine.is_finished() || driver.in_flight() {
-            done.extend(driver.step(&mut engine, |r| r).unwrap().finished);
-        }
-    } else {
-        done = engine.run_to_completion().unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let params = match i % 2 {
+            0 => SamplingParams::greedy(),
+            _ => SamplingParams::default()
+                .with_temperature(0.8)
+                .with_seed(i as u64),
+        };
+        let params = params.with_max_tokens(6 + 5 * i).with_ignore_eos(true);
+        engine.add_request(p.clone(), params).unwrap();
     }
-    done.sort_by_key(|f| ids.iter().position(|&id| id == f.id));
+    let done = match overlap {
+        true => Overlap::new(true).run_to_completion(&mut engine, |r| r),
+        false => engine.run_to_completion(),
+    };
+    let outputs = done
+        .unwrap()
+        .into_iter()
+        .map(|f| (f.id, f.output))
+        .collect();
     engine.scheduler_mut().clear_cache();
-    assert_eq!(
-        engine.scheduler().pool().num_free(),
-        pages,
-        "every page back"
-    );
-    done.into_iter().map(|f| f.output).collect()
+    let free = engine.scheduler().pool().num_free();
+    assert_eq!(free, pages, "every page back");
+    outputs
 }
 
 #[test]
@@ -277,13 +273,9 @@ fn overlapped_ranks_give_the_tokens_of_one_step_at_a_time() {
         let sync = run_requests(ranks(), &prompts, false);
         let overlapped = run_requests(ranks(), &prompts, true);
         assert_eq!(overlapped, sync, "tp {tp}");
-        for (i, out) in sync.iter().enumerate() {
-            assert_eq!(
-                out.len(),
-                6 + 5 * i,
-                "tp {tp}: request {i} ran to its length"
-            );
-        }
+        let lengths: Vec<usize> = sync.values().map(Vec::len).collect();
+        let asked: Vec<usize> = (0..prompts.len()).map(|i| 6 + 5 * i).collect();
+        assert_eq!(lengths, asked, "tp {tp}: every request ran to its length");
     }
 }
 
