@@ -13,7 +13,8 @@
 //!   `nanoserve generate`, `chat` (fed the book's `> ` lines) and `serve` with the page's
 //!   `curl` commands;
 //! - `nanoserve bench` and `report` take minutes and `--device cuda` needs a GPU: their
-//!   command lines are parsed (`--help` appended: a bad flag or value is an error);
+//!   command lines are parsed (`--help` appended: a bad flag or value is an error), and so are
+//!   those of examples built with a `cuda` feature;
 //! - `cargo bench` compiles and runs every benchmark once (`cargo test --benches`); the GPU
 //!   kernels' benchmarks are compiled only;
 //! - `cargo xtask starter` runs in CI's `cargo xtask starter --check`.
@@ -438,7 +439,12 @@ fn check_command(
                     }
                     args.push("--");
                     args.extend(a.after.iter().map(String::as_str));
-                    if run {
+                    let on_gpu = a.features.iter().any(|f| f.ends_with("cuda"));
+                    if run && on_gpu {
+                        args.push("--help");
+                        run_cargo(ws, &args, &[])?;
+                        Ok(Checked::Parsed)
+                    } else if run {
                         run_cargo(ws, &args, &[])?;
                         Ok(Checked::Ran)
                     } else {

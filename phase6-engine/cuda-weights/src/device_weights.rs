@@ -205,8 +205,14 @@ impl<'a> Loader<'a> {
         for (name, shape) in parts {
             let n: usize = shape.iter().product();
             match self.w.random_draw(name)? {
+                Some(draw) if draw.len > n => {
+                    return Err(Error::model_load(
+                        name,
+                        format!("{} random elements drawn into {n}", draw.len),
+                    ));
+                }
                 Some(draw) => {
-                    let mut view = out.slice_mut(offset..offset + draw.len.min(n));
+                    let mut view = out.slice_mut(offset..offset + draw.len);
                     kernels::random::fill_uniform(
                         self.gpu,
                         &mut view,

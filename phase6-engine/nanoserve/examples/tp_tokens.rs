@@ -16,15 +16,13 @@
 //! which must be all. Exits with 1 when a token check fails.
 
 use std::path::PathBuf;
-
-use clap::Parser;
 use std::time::Instant;
 
+use clap::Parser;
 use nanoserve::runners::build_runner;
 use phase0::TokenId;
 use phase2::{ModelConfig, Weights};
-use phase6::{Config, Device, Runner};
-use phase6_chunks::ChunkRunner;
+use phase6::{Config, Device};
 use phase6_fp8::measure::{Sequences, argmax, common_prefix, rel_error};
 
 /// The comparison's options.
@@ -106,8 +104,7 @@ fn error_of_scale(a: &[f32], b: &[f32]) -> f32 {
 type StepLogits = Vec<Vec<Vec<f32>>>;
 
 /// Every prompt's logits at every step (`[step][prompt]`), reading `tokens[prompt][step]` after
-/// the prompt, or (with `tokens` empty) each step's own greedy choice; and the runner, kept until
-/// the results are printed.
+/// the prompt, or (with `tokens` empty) each step's own greedy choice.
 fn run(
     model: &ModelConfig,
     weights: &Weights,
@@ -115,7 +112,7 @@ fn run(
     prompts: &[Vec<TokenId>],
     tokens: &[Vec<TokenId>],
     steps: usize,
-) -> Result<(StepLogits, Runner<dyn ChunkRunner>), phase6::Error> {
+) -> Result<StepLogits, phase6::Error> {
     let start = Instant::now();
     let mut runner = build_runner(model.clone(), weights, config)?;
     eprintln!(
@@ -143,8 +140,7 @@ fn run(
         config.tensor_parallel_size,
         start.elapsed().as_secs_f64()
     );
-    drop(seqs);
-    Ok((out, runner))
+    Ok(out)
 }
 
 fn main() -> Result<(), phase6::Error> {
@@ -174,11 +170,11 @@ fn main() -> Result<(), phase6::Error> {
         max_model_len: 2000 + steps,
         ..Config::default()
     };
-    let (one, _one_rank) = run(&model, &weights, &config(1), &prompts, &[], steps)?;
+    let one = run(&model, &weights, &config(1), &prompts, &[], steps)?;
     let chosen: Vec<Vec<TokenId>> = (0..n)
         .map(|i| one.iter().map(|rows| argmax(&rows[i])).collect())
         .collect();
-    let (many, _ranks) = run(&model, &weights, &config(tp), &prompts, &chosen, steps)?;
+    let many = run(&model, &weights, &config(tp), &prompts, &chosen, steps)?;
 
     println!(
         "{} with random weights, tensor_parallel_size {tp} against 1, {steps} greedy steps\n",

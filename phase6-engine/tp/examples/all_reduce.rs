@@ -13,6 +13,7 @@
 //! first all-reduce of each size is checked: rank r sends r + 1 everywhere, every rank must read
 //! the sum.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -58,7 +59,10 @@ fn rank_times(
     barrier: &Barrier,
 ) -> Result<Vec<Times>, String> {
     let gpu = Gpu::open(rank).map_err(|e| e.to_string())?;
-    let group = NcclGroup::join(&gpu, rank, tp, id)?;
+    // Every rank runs the same collectives and ends with the others: the group counts as
+    // started, so its communicators are freed at the end.
+    let started = Arc::new(AtomicBool::new(true));
+    let group = NcclGroup::join(&gpu, rank, tp, id, started)?;
     let mut out = Vec::new();
     for &t in tokens {
         let mine = vec![bf16::from_f32((rank + 1) as f32); t * hidden];

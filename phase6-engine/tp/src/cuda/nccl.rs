@@ -9,7 +9,10 @@
 //! file as `libnccl.so` in a folder of its own and starts again with that folder on the
 //! loader's path.
 
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::nccl::{Comm, Id, ReduceOp};
 use kernels::{CudaViewMut, Gpu};
@@ -158,8 +161,15 @@ pub fn new_group_id() -> Result<[std::ffi::c_char; 128], String> {
 
 /// One GPU rank's link to the others: an NCCL communicator on the rank's stream, so its
 /// collectives are queued with the rank's kernels and are recorded into its CUDA graphs.
+///
+/// Freeing a communicator waits until every rank of the host frees its own (NCCL 2.19 and
+/// later), so the ranks of a group are freed together. A group whose start failed on some
+/// rank cannot count on that, so it frees nothing: its communicators are left to the process's
+/// exit, and the start fails with an error instead of waiting forever.
 pub struct NcclGroup {
-    comm: Comm,
+    comm: ManuallyDrop<Comm>,
+    /// Set once every rank of the group has started.
+    started: Arc<AtomicBool>,
 }
 
 // Safety: a communicator may be used from any thread as long as two threads do not use it at
@@ -168,15 +178,19 @@ unsafe impl Send for NcclGroup {}
 
 impl NcclGroup {
     /// Joins group `id` as `rank` of `world_size` on `gpu`'s stream; returns when every rank
-    /// has joined.
+    /// has joined. `started` is set by whoever starts the ranks once all of them have.
     pub fn join(
         gpu: &Gpu,
         rank: usize,
         world_size: usize,
         id: [std::ffi::c_char; 128],
+        started: Arc<AtomicBool>,
     ) -> Result<Self, String> {
         Comm::from_rank(gpu.stream().clone(), rank, world_size, Id::uninit(id))
-            .map(|comm| Self { comm })
+            .map(|comm| Self {
+                comm: ManuallyDrop::new(comm),
+                started,
+            })
             .map_err(|e| format!("rank {rank} joining the NCCL group: {e:?}"))
     }
 
@@ -210,6 +224,15 @@ impl NcclGroup {
             .all_gather(local, out)
             .map(|_| ())
             .map_err(|e| nccl_error("all-gather", e))
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        if self.started.load(Ordering::Acquire) {
+            // Safety: `comm` is dropped here only, once.
+            unsafe { ManuallyDrop::drop(&mut self.comm) }
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
@@ -71,6 +72,7 @@ impl TpCudaRunner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let id = nccl::new_group_id().map_err(Error::Device)?;
+        let started = Arc::new(AtomicBool::new(false));
         let each = ShardSource::vocab_rows(config, tp);
         let runners: Vec<Result<CudaRunner, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..tp)
@@ -79,7 +81,10 @@ impl TpCudaRunner {
                         device: options.device + rank,
                         ..options.clone()
                     };
-                    s.spawn(move || make_rank(config, weights, options, rank, tp, each, id))
+                    let started = started.clone();
+                    s.spawn(move || {
+                        make_rank(config, weights, options, (rank, tp), each, id, started)
+                    })
                 })
                 .collect();
             handles
@@ -87,21 +92,18 @@ impl TpCudaRunner {
                 .map(|h| h.join().expect("a rank panicked while starting"))
                 .collect()
         });
-        let (started, failed): (Vec<_>, Vec<_>) = runners.into_iter().partition(Result::is_ok);
-        let runners: Vec<CudaRunner> = started.into_iter().filter_map(Result::ok).collect();
-        if let Some(Err(e)) = failed.into_iter().next() {
-            drop_together(runners);
-            return Err(e);
-        }
+        // Until `started` is set, a rank's runner frees no communicator (see `NcclGroup`): the
+        // failure is reported rather than waited on.
+        let runners = runners.into_iter().collect::<Result<Vec<_>, _>>()?;
         let num_pages = runners.iter().map(|r| r.num_pages()).min().unwrap_or(0);
         if runners.iter().any(|r| r.num_pages() != num_pages) {
             let pages: Vec<_> = runners.iter().map(|r| r.num_pages()).collect();
-            drop_together(runners);
             return Err(Error::OutOfMemory(format!(
                 "the ranks' GPUs hold different numbers of KV pages ({pages:?}): fix the number \
                  with num_kvcache_blocks (CudaOptions::num_pages)"
             )));
         }
+        started.store(true, Ordering::Release);
         let first = &runners[0];
         let (kv_layout, page_size, vocab_size) =
             (first.kv_layout(), first.page_size(), first.vocab_size());
@@ -168,10 +170,10 @@ fn make_rank(
     config: &ModelConfig,
     weights: &Weights,
     options: CudaOptions,
-    rank: usize,
-    tp: usize,
+    (rank, tp): (usize, usize),
     each: usize,
     id: [std::ffi::c_char; 128],
+    started: Arc<AtomicBool>,
 ) -> Result<CudaRunner, Error> {
     let shard = Shard {
         rank,
@@ -190,7 +192,7 @@ fn make_rank(
     };
     let max_seqs = options.max_num_seqs;
     CudaRunner::with_model(&rank_config, options, |gpu| {
-        let group = NcclGroup::join(gpu, rank, tp, id).map_err(Error::Device)?;
+        let group = NcclGroup::join(gpu, rank, tp, id, started).map_err(Error::Device)?;
         let source = ShardSource::new(weights, config, shard);
         let w = DeviceWeights::upload(gpu, &weights_config, &source)?;
         let model = RankModel::new(gpu, w, group, each, max_seqs).map_err(device_error)?;
@@ -217,20 +219,10 @@ impl RankThread {
     }
 }
 
-/// Drops the ranks' runners at once. NCCL (2.19 and later) frees a rank's communicator only
-/// together with the other ranks of its node: dropped one after the other, the first would wait
-/// forever for the rest.
-fn drop_together(runners: Vec<CudaRunner>) {
-    std::thread::scope(|s| {
-        for runner in runners {
-            s.spawn(move || drop(runner));
-        }
-    });
-}
-
 impl Drop for TpCudaRunner {
     /// Closes every rank's job channel, which ends its loop and drops its runner, before
-    /// waiting for any of them: the ranks free their communicators together (`drop_together`).
+    /// waiting for any of them: the ranks free their communicators together, as NCCL needs
+    /// (dropped one after another, the first would wait forever for the rest).
     fn drop(&mut self) {
         for rank in &mut self.ranks {
             let (closed, _) = channel();

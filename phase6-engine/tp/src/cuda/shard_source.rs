@@ -12,10 +12,8 @@ use std::ops::Range;
 
 use half::bf16;
 use kernels::random::Window;
-use phase2::random_weights::{Uniform, tensor_key};
 use phase2::{Dtype, Error, ModelConfig, Weights};
 use phase6_cuda_weights::{RandomDraw, TensorSource};
-use rayon::prelude::*;
 
 use crate::shard::Shard;
 
@@ -101,21 +99,6 @@ impl<'w> ShardSource<'w> {
             _ => Cut::Whole,
         })
     }
-
-    /// Elements `at..at + out.len()` of the whole tensor `name`.
-    fn read_whole(&self, name: &str, at: usize, out: &mut [bf16]) -> Result<(), Error> {
-        match self.weights.random_seed() {
-            Some(seed) => {
-                let dist = Uniform::for_tensor(name, self.weights.shape(name)?);
-                let key = tensor_key(seed, name);
-                out.par_iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = dist.draw(key, (at + i) as u64));
-                Ok(())
-            }
-            None => self.weights.read_bf16(name, at, out),
-        }
-    }
 }
 
 impl TensorSource for ShardSource<'_> {
@@ -139,13 +122,14 @@ impl TensorSource for ShardSource<'_> {
 
     fn read_bf16(&self, name: &str, start: usize, out: &mut [bf16]) -> Result<(), Error> {
         match self.cut(name)? {
-            Cut::Whole => self.read_whole(name, start, out),
+            Cut::Whole => self.weights.read_bf16(name, start, out),
             Cut::Rows { rows, width, .. } => {
                 // Elements past the rank's real rows are the padding: zeros.
                 let real = (rows.len() * width).saturating_sub(start).min(out.len());
                 let (data, pad) = out.split_at_mut(real);
                 pad.fill(bf16::ZERO);
-                self.read_whole(name, rows.start * width + start, data)
+                self.weights
+                    .read_bf16(name, rows.start * width + start, data)
             }
             Cut::Columns { cols, width } => {
                 let n = cols.len();
@@ -154,7 +138,8 @@ impl TensorSource for ShardSource<'_> {
                     let (row, col) = ((start + done) / n, (start + done) % n);
                     let run = (n - col).min(out.len() - done);
                     let at = row * width + cols.start + col;
-                    self.read_whole(name, at, &mut out[done..done + run])?;
+                    self.weights
+                        .read_bf16(name, at, &mut out[done..done + run])?;
                     done += run;
                 }
                 Ok(())
@@ -295,6 +280,15 @@ mod tests {
                     "o_proj"
                 );
                 assert_eq!(down(&l.down), host(&[&p("mlp.down_proj.weight")]), "down");
+                let gate_up = [p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
+                let gate_up = host(&gate_up.each_ref().map(String::as_str));
+                assert_eq!(down(&l.gate_up), gate_up, "gate_up");
+                if let Some(bias) = &l.qkv_bias {
+                    let names =
+                        ["q_proj", "k_proj", "v_proj"].map(|x| p(&format!("self_attn.{x}.bias")));
+                    let names = names.each_ref().map(String::as_str);
+                    assert_eq!(down(bias), host(&names), "qkv bias");
+                }
                 assert_eq!(
                     down(&d.embed),
                     host(&["model.embed_tokens.weight"]),
