@@ -35,6 +35,20 @@ pub fn argmax(logits: &[f32]) -> TokenId {
     best as TokenId
 }
 
+/// The gap between the largest logit and the next: where it is small, rounding in another
+/// order of additions (another backend, another split) may swap the greedy token.
+pub fn top2_gap(logits: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in logits {
+        if x > first {
+            (first, second) = (x, first);
+        } else if x > second {
+            second = x;
+        }
+    }
+    first - second
+}
+
 /// Samples one token id from a row of logits.
 ///
 /// The procedure is fixed so that every backend can follow it exactly: top-k and top-p only
@@ -118,6 +132,13 @@ mod tests {
             seed,
             step: 0,
         }
+    }
+
+    #[test]
+    fn the_top_two_gap_counts_a_repeated_maximum_as_no_gap() {
+        assert_eq!(top2_gap(&[1.0, 3.0, 2.5]), 0.5);
+        assert_eq!(top2_gap(&[2.5, 1.0, 3.0]), 0.5);
+        assert_eq!(top2_gap(&[3.0, 0.0, 3.0]), 0.0);
     }
 
     #[test]

@@ -68,18 +68,6 @@ struct Run {
     gaps: Vec<f32>,
 }
 
-fn top2_gap(row: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in row {
-        if x > a {
-            (a, b) = (x, a);
-        } else if x > b {
-            b = x;
-        }
-    }
-    a - b
-}
-
 /// Prefills `prompt` in one step and decodes `steps - 1` more tokens greedily. With
 /// `device_sampling`, decode steps use `forward_sample` (no logits, no gaps).
 fn greedy(
@@ -101,7 +89,7 @@ fn greedy(
     let first = runner.forward(&one(&seq)).unwrap();
     let mut run = Run {
         tokens: vec![sampler::argmax(first.row(0))],
-        gaps: vec![top2_gap(first.row(0))],
+        gaps: vec![sampler::top2_gap(first.row(0))],
         first_logits: first.data,
     };
     while run.tokens.len() < steps {
@@ -115,7 +103,7 @@ fn greedy(
         } else {
             let logits = runner.forward(&one(&seq)).unwrap();
             run.tokens.push(sampler::argmax(logits.row(0)));
-            run.gaps.push(top2_gap(logits.row(0)));
+            run.gaps.push(sampler::top2_gap(logits.row(0)));
         }
     }
     table.release(&mut pool).unwrap();
@@ -351,7 +339,7 @@ fn cascade_equals_flat_attention_on_the_device() {
         assert!(rel < 1e-2, "cascade and flat differ by {rel:.2e}");
         assert!(rel_cpu < LOGITS_REL_TOL, "cascade vs CPU {rel_cpu:.2e}");
         for i in 0..reference.num_rows() {
-            let gap = top2_gap(reference.row(i));
+            let gap = sampler::top2_gap(reference.row(i));
             if gap > 4.0 * abs_cpu {
                 let want = sampler::argmax(reference.row(i));
                 assert_eq!(sampler::argmax(on_cascade.row(i)), want, "row {i}");
@@ -461,7 +449,7 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
         assert!(rel < 1e-2, "{label} and one pass differ by {rel:.2e}");
         assert!(rel_cpu < LOGITS_REL_TOL, "{label} vs CPU {rel_cpu:.2e}");
         for i in 0..reference.num_rows() {
-            if top2_gap(reference.row(i)) > 4.0 * abs_cpu {
+            if sampler::top2_gap(reference.row(i)) > 4.0 * abs_cpu {
                 let want = sampler::argmax(reference.row(i));
                 assert_eq!(sampler::argmax(split.row(i)), want, "{label}, row {i}");
             }
@@ -511,7 +499,7 @@ fn copy_kv_with_a_rope_shift_follows_the_cpu_runner() {
         rel_wrong > 3.0 * rel,
         "the test cannot see the rotation: {rel_wrong:.2e} vs {rel:.2e}"
     );
-    if top2_gap(reference.row(0)) > 4.0 * abs {
+    if sampler::top2_gap(reference.row(0)) > 4.0 * abs {
         assert_eq!(
             sampler::argmax(on_gpu.row(0)),
             sampler::argmax(reference.row(0))

@@ -11,6 +11,7 @@ use std::io::Write;
 use phase1::{BlockTable, KvDtype, KvPool};
 use phase2::{
     ForwardBatch, ForwardSeq, Model, ModelConfig, ModelRunner, SampleSpec, Weights, models_dir,
+    sampler::top2_gap,
 };
 use phase6_chunks::ChunkRunner;
 use phase6_cuda::{CudaOptions, CudaRunner};
@@ -79,18 +80,6 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
-}
-
-fn top2_gap(row: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in row {
-        if x > a {
-            (a, b) = (x, a);
-        } else if x > b {
-            b = x;
-        }
-    }
-    a - b
 }
 
 #[test]

@@ -21,6 +21,7 @@ use std::time::Instant;
 use clap::Parser;
 use nanoserve::runners::build_runner;
 use phase0::TokenId;
+use phase2::sampler::top2_gap;
 use phase2::{ModelConfig, Weights};
 use phase6::{Config, Device};
 use phase6_fp8::measure::{Sequences, argmax, common_prefix, rel_error};
@@ -74,20 +75,6 @@ fn prompt(len: usize, vocab: usize, seed: u64) -> Vec<TokenId> {
             ((x >> 33) % vocab as u64) as TokenId
         })
         .collect()
-}
-
-/// The gap between the largest logit and the next.
-fn margin(row: &[f32]) -> f32 {
-    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in row {
-        if x > first {
-            second = first;
-            first = x;
-        } else if x > second {
-            second = x;
-        }
-    }
-    first - second
 }
 
 /// `max |a - b| / max |b|`.
@@ -191,7 +178,7 @@ fn main() -> Result<(), phase6::Error> {
         let norm = rel_error(&many[0][i], &one[0][i]);
         norm_worst = norm_worst.max(norm);
         over += usize::from(err > 0.02);
-        let margins: Vec<f32> = one.iter().map(|rows| margin(&rows[i])).collect();
+        let margins: Vec<f32> = one.iter().map(|rows| top2_gap(&rows[i])).collect();
         let leading = margins.iter().take_while(|&&m| m >= wide).count();
         let theirs: Vec<TokenId> = many.iter().map(|rows| argmax(&rows[i])).collect();
         let shared = common_prefix(&theirs, &chosen[i]);

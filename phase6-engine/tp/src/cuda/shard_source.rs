@@ -157,7 +157,6 @@ impl TensorSource for ShardSource<'_> {
         let Some(whole) = self.weights.random_draw(name)? else {
             return Ok(None);
         };
-        let shape = self.weights.shape(name)?;
         let (window, len) = match self.cut(name)? {
             Cut::Whole => (whole.window, whole.len),
             Cut::Rows { rows, width, .. } => {
@@ -175,7 +174,7 @@ impl TensorSource for ShardSource<'_> {
                     width: cols.len() as u64,
                     stride: width as u64,
                 };
-                (window, shape[0] * cols.len())
+                (window, whole.len / width * cols.len())
             }
         };
         Ok(Some(RandomDraw {
