@@ -29,6 +29,7 @@ pub mod compile;
 mod device;
 mod error;
 mod source;
+mod tma;
 
 pub mod activation;
 pub mod decode;

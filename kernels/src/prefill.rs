@@ -19,6 +19,7 @@ use crate::device::{Gpu, grid};
 use crate::error::{DriverContext, Result};
 use crate::paged::{AttentionInputs, CacheRead};
 use crate::source::Source;
+use crate::tma;
 
 /// Which rows of `q` belong to which sequence.
 #[derive(Debug)]
@@ -30,6 +31,9 @@ pub struct PrefillQueries<'a> {
 }
 
 const K: &str = "prefill_attention";
+
+/// The largest grid dimension z a launch may have (CUDA's limit for y and z).
+const MAX_GRID_Z: u32 = 65_535;
 
 /// Which prefill kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +217,21 @@ pub fn prefill_attention_on<C: CacheRead>(
         shift,
         check::int(K, "num_pages", inputs.cache.num_pages)?,
     ];
+    let tiles = check::int(K, "query tiles", tiles)? as u32;
+    let (seqs, heads) = (num_seqs as u32, inputs.cache.num_kv_heads as u32);
+    let blocks = match kernel {
+        PrefillKernel::Mma => (tiles, seqs, heads),
+        // Heaviest tiles first (hopper_attention.cuh): the tiles are the slowest dimension.
+        PrefillKernel::Wgmma | PrefillKernel::WgmmaWarpSpecialized => {
+            if tiles > MAX_GRID_Z {
+                return Err(check::invalid(
+                    K,
+                    "too many query rows in one sequence for the wgmma kernels' grid",
+                ));
+            }
+            (seqs, heads, tiles)
+        }
+    };
     let causal = causal as i32;
     let mut launch = gpu.stream().launch_builder(&f);
     for p in &ptrs {
@@ -222,14 +241,25 @@ pub fn prefill_attention_on<C: CacheRead>(
         launch.arg(i);
     }
     launch.arg(&inputs.sm_scale).arg(&causal);
+    // The warp-specialized kernel copies tiles that pages lay out whole with the TMA: a box a
+    // page (of at most a tile's 128 rows) and 64 columns.
+    let maps = match kernel {
+        PrefillKernel::WgmmaWarpSpecialized => {
+            let rows = inputs.k_cache.elements() / d;
+            let box_rows = inputs.cache.page_size.min(128) as u32;
+            Some((
+                tma::rows_of_128(inputs.k_cache.address(gpu), rows, box_rows)?,
+                tma::rows_of_128(inputs.v_cache.address(gpu), rows, box_rows)?,
+            ))
+        }
+        _ => None,
+    };
     if kernel == PrefillKernel::Mma {
         launch.arg(&k_scale).arg(&v_scale);
     }
-    let blocks = (
-        check::int(K, "query tiles", tiles)? as u32,
-        num_seqs as u32,
-        inputs.cache.num_kv_heads as u32,
-    );
+    if let Some((k_map, v_map)) = &maps {
+        launch.arg(k_map).arg(v_map);
+    }
     let config = LaunchConfig {
         shared_mem_bytes: kernel.shared_bytes() as u32,
         ..grid(blocks, kernel.block_threads())

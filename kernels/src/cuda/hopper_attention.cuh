@@ -22,8 +22,13 @@ __device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
     return *reinterpret_cast<T*>(raw + (((at + 1023) & ~1023u) - at));
 }
 
-// Where a block works: grid = (query tiles, sequences, KV heads), the query tile with the most
-// causal work (the last) first. Its rows are row0.. of the sequence's `rows` (q_len x group).
+// Where a block works: grid = (sequences, KV heads, query tiles). The launch starts blocks x
+// first, then y, then z, and z counts query tiles from each sequence's last, which has the most
+// causal work: every sequence's and head's heaviest tile starts before any lighter one. With
+// one block an SM, a heavy tile started in the last wave would leave the other SMs idle while it
+// runs (FlashInfer's planner sorts its work longest first for the same reason). The block's
+// rows are row0.. of the sequence's `rows` (q_len x group); a sequence with fewer tiles than
+// the grid's z gets row0 past its rows: no work.
 struct HopperBlock {
     int seq, kv_head, group, q0, q_len, rows, row0;
 };
@@ -31,13 +36,14 @@ struct HopperBlock {
 __device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num_q_heads,
                                                     int num_kv_heads) {
     HopperBlock b;
-    b.seq = blockIdx.y;
-    b.kv_head = blockIdx.z;
+    b.seq = blockIdx.x;
+    b.kv_head = blockIdx.y;
     b.group = num_q_heads / num_kv_heads;
     b.q0 = q_indptr[b.seq];
     b.q_len = q_indptr[b.seq + 1] - b.q0;
     b.rows = b.q_len * b.group;
-    b.row0 = (gridDim.x - 1 - blockIdx.x) * HOP_M;
+    const int tiles = (b.rows + HOP_M - 1) / HOP_M, rank = blockIdx.z;
+    b.row0 = rank < tiles ? (tiles - 1 - rank) * HOP_M : b.rows;
     return b;
 }
 
@@ -112,15 +118,14 @@ __device__ __forceinline__ void issue_scores(float (&sc)[HOP_N / 2], u32 q_addr,
     wgmma_commit();
 }
 
-// Issues O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major"), the two
-// 64-column halves of the output separately.
+// Issues O += P V: P's 16-slot steps as A fragments, V read transposed ("MN-major"), all 128
+// output columns an instruction (V's two 64-column blocks are HOP_N rows of 128 bytes apart).
 __device__ __forceinline__ void issue_pv(float (&o_lo)[32], float (&o_hi)[32],
                                          const u32 (&pa)[HOP_N / 16][4], u32 v_addr) {
 #pragma unroll
-    for (int kk = 0; kk < HOP_N / 16; ++kk) {
-        wgmma_m64n64k16_rs(o_lo, pa[kk], smem_descriptor(v_addr + kk * 16 * 128));
-        wgmma_m64n64k16_rs(o_hi, pa[kk], smem_descriptor(v_addr + HOP_N * 128 + kk * 16 * 128));
-    }
+    for (int kk = 0; kk < HOP_N / 16; ++kk)
+        wgmma_m64n128k16_rs(o_lo, o_hi, pa[kk],
+                            smem_descriptor(v_addr + kk * 16 * 128, HOP_N * 128));
     wgmma_commit();
 }
 

@@ -8,7 +8,7 @@
 // asynchronously, for a whole warpgroup at once.
 //
 // Who does what
-//   grid = (query tiles, sequences, KV heads), heaviest causal tiles first; block = two
+//   grid = (sequences, KV heads, query tiles), heaviest causal tiles first; block = two
 //   warpgroups (256 threads). A block owns 128 rows (query token, q head of this KV head,
 //   folded as in the FA2 kernel); warpgroup g owns rows 64g..64g+63.
 //   Per 128-slot KV tile j:  S = Q K^T   one m64n128 wgmma chain per warpgroup, Q and K from
@@ -16,7 +16,7 @@
 //                            softmax     in registers, as in the FA2 kernel;
 //                            O += P V    P from registers (the score accumulators, repacked to
 //                                        bf16: the accumulator layout is mma.sync's), V from
-//                                        shared memory read transposed, two m64n64 halves.
+//                                        shared memory read transposed, one m64n128 chain.
 //   Tile j's P V is issued together with tile j+1's Q K^T, so the tensor cores work on it
 //   while the warps compute tile j+1's softmax (FlashAttention-3's intra-warpgroup overlap).
 //   Loads: every thread issues cp.async copies of tile j+1's K and V while tile j is computed,

@@ -1,0 +1,52 @@
+//! Hopper's tensor memory accelerator (TMA): the tensor map through which one thread of a block
+//! asks the copy engine for a whole box of a tensor, written into shared memory in the 128-byte
+//! swizzle wgmma reads (`cuda/wgmma.cuh`) and counted on an mbarrier. FlashAttention-3 feeds its
+//! products this way; `cuda/prefill_hopper_ws.cu` does for the tiles its pages lay out whole.
+
+use cudarc::driver::DeviceRepr;
+use cudarc::driver::sys::{
+    CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+    CUtensorMapL2promotion, CUtensorMapSwizzle, cuTensorMapEncodeTiled,
+};
+
+use crate::error::{DriverContext, Result};
+
+/// The driver's 128-byte description of a tensor, passed to a kernel by value (as a
+/// `__grid_constant__` parameter).
+#[repr(transparent)]
+pub(crate) struct TensorMap(CUtensorMap);
+
+// SAFETY: a plain 128-byte value that the kernel reads as its parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The map of a bf16 matrix of `rows` rows of 128 elements (a paged KV cache, one row a token
+/// and KV head) at device address `ptr`, read in boxes of `box_rows` rows and 64 columns: one
+/// 128-byte-swizzled block of a wgmma operand tile.
+pub(crate) fn rows_of_128(ptr: u64, rows: usize, box_rows: u32) -> Result<TensorMap> {
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
+    let dims = [128u64, rows as u64];
+    let strides = [128u64 * 2]; // bytes from one row to the next
+    let boxes = [64u32, box_rows];
+    let steps = [1u32, 1];
+    // SAFETY: every pointer is to a live array of the rank the call is told; the driver only
+    // writes `map`.
+    unsafe {
+        cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .during("describing the KV cache to the tensor memory accelerator")?;
+        Ok(TensorMap(map.assume_init()))
+    }
+}
