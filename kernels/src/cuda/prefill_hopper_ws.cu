@@ -48,13 +48,16 @@
 #define WS_CONSUMER_WARPS 8
 // Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
 // rounded down to a multiple of 8): 128 x 32 + 256 x 232. ptxas compiles each side to its own
-// limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24.
+// limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24. The
+// producer's pace shows in the whole kernel's: given 40 to carry more state (tile 0's slots read
+// before the first barrier) it spilled 24 bytes, and every bench shape lost 5-13%.
 #define WS_PRODUCER_REGS 32
 #define WS_CONSUMER_REGS 232
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
 // for its turn at WS_TURN_BARRIER + c.
 #define WS_PRODUCER_BARRIER 1
 #define WS_TURN_BARRIER 2
+#define WS_STORE_BARRIER 4
 #define WS_CONSUMER_THREADS 256
 
 struct WsShared {
@@ -318,6 +321,58 @@ struct WsConsumer {
     }
 };
 
+// Writes a consumer's 64 rows (rows 64 c.. of the block) through shared memory: each thread
+// puts its normalised values (wgmma's layout: 4 bytes of a row a column group) into the
+// warpgroup's part of Q's tile, which no wgmma reads any more, then every thread copies 16-byte
+// pieces of whole rows out. Written from registers, a warp's 4-byte stores touched 8 rows at
+// once, a quarter of every sector written. Staged rows are 256 bytes, their 16-byte chunk k at
+// k ^ (row % 8): the 8 rows a warp writes at once hit 32 different banks. A block's fixed costs
+// weigh on short prompts: 16 x 512 went from 139 to 150 TFLOP/s, 4 x 2048 from 312 to 329.
+__device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out, float* lse,
+                                                  const float (&o_lo)[32], const float (&o_hi)[32],
+                                                  const float (&m)[2], const float (&l)[2],
+                                                  int row0, int rows, int group, int kv_head,
+                                                  int q0, int num_q_heads) {
+    const int t = threadIdx.x & 127, lane = t & 31;
+    // Q's two 64-column blocks hold 128 rows of 128 bytes each; this warpgroup's 64 rows of each
+    // are 8 KiB, 32 staged rows.
+    char* const stage = reinterpret_cast<char*>(s.q) + c * 8192;  // + HOP_M * 128 for rows 32..
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float total = l[h];
+        total += __shfl_xor_sync(FULL_MASK, total, 1);
+        total += __shfl_xor_sync(FULL_MASK, total, 2);
+        const int rr = (t >> 5) * 16 + (lane >> 2) + 8 * h;  // the warpgroup's row
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        char* row = stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + (lane & 3) * 4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<__nv_bfloat162*>(row + ((j ^ (rr & 7)) << 4)) =
+                __floats2bfloat162_rn(o_lo[4 * j + 2 * h] * inv, o_lo[4 * j + 2 * h + 1] * inv);
+            *reinterpret_cast<__nv_bfloat162*>(row + (((8 + j) ^ (rr & 7)) << 4)) =
+                __floats2bfloat162_rn(o_hi[4 * j + 2 * h] * inv, o_hi[4 * j + 2 * h + 1] * inv);
+        }
+        const int gr = row0 + c * 64 + rr;
+        if (lse != nullptr && (lane & 3) == 0 && gr < rows) {
+            const int head = kv_head * group + gr % group;
+            lse[(size_t)(q0 + gr / group) * num_q_heads + head] =
+                total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+        }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int idx = t + 128 * i, rr = idx >> 4, k = idx & 15;
+        const int gr = row0 + c * 64 + rr;
+        if (gr >= rows) continue;
+        const uint4 v =
+            *reinterpret_cast<const uint4*>(stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + ((k ^ (rr & 7)) << 4));
+        const int head = kv_head * group + gr % group;
+        *reinterpret_cast<uint4*>(out + ((size_t)(q0 + gr / group) * num_q_heads + head) * HOP_D +
+                                  k * 8) = v;
+    }
+}
+
 // One block an SM: 128 rows, 128-slot tiles, a producer and two consumer warpgroups.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -375,6 +430,6 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const u32 q_addr = shared_address(s.q) + c * 64 * 128;
     WsConsumer w{s, c, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
     hopper_walk(w, num_tiles);
-    hopper_store_rows(out, lse, w.o_lo, w.o_hi, w.m, w.l, q_token, row0, my_row, group, kv_head,
-                      q0, num_q_heads);
+    store_rows_staged(s, c, out, lse, w.o_lo, w.o_hi, w.m, w.l, row0, rows, group, kv_head, q0,
+                      num_q_heads);
 }
