@@ -5,7 +5,8 @@
 //! On Hopper, head_dim 128 over a bf16 cache runs `cuda/prefill_hopper.cu` instead: the same
 //! algorithm with its products on warpgroup MMAs (FlashAttention-3's route), 128 rows a block;
 //! `cuda/prefill_hopper_ws.cu` is the same again with a producer warpgroup feeding the two that
-//! compute (FlashAttention-3's warp specialization). [`PrefillKernel`] names them;
+//! compute (FlashAttention-3's warp specialization), by the TMA where a tile's pages are full
+//! (the tensor maps of `tma.rs` are made here, at each launch). [`PrefillKernel`] names them;
 //! [`prefill_attention`] picks the best the device has.
 //!
 //! Without the causal mask, writing the log-sum-exp, either kernel is the shared-prefix half of
@@ -44,14 +45,14 @@ pub enum PrefillKernel {
     /// block, KV tiles of 128 slots, one block a multiprocessor.
     Wgmma,
     /// [`Self::Wgmma`] with warp specialization: a third warpgroup copies K/V into a ring of
-    /// stages handed over through mbarriers, so the two that compute never wait at a
-    /// block-wide barrier (same inputs as `Wgmma`).
+    /// stages handed over through mbarriers (tiles of full pages by the TMA), so the two that
+    /// compute never wait at a block-wide barrier (same inputs as `Wgmma`).
     WgmmaWarpSpecialized,
 }
 
 impl PrefillKernel {
     /// The fastest kernel that runs `inputs` on `gpu`: on Hopper the warp-specialized one
-    /// (1.01-1.06x [`Self::Wgmma`] on the attention bench's shapes, H100).
+    /// (1.1-1.2x [`Self::Wgmma`] on the attention bench's shapes, H100).
     pub fn best<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Self {
         let fp8 = inputs.k_cache.fp8_scale().is_some();
         Self::best_for(gpu, inputs.cache.head_dim, fp8)

@@ -50,7 +50,7 @@
 // rounded down to a multiple of 8): 128 x 32 + 256 x 232. ptxas compiles each side to its own
 // limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24. The
 // producer's pace shows in the whole kernel's: given 40 to carry more state (tile 0's slots read
-// before the first barrier) it spilled 24 bytes, and every bench shape lost 5-13%.
+// before the first barrier) it spilled 24 bytes, and every bench shape lost 2-13%.
 #define WS_PRODUCER_REGS 32
 #define WS_CONSUMER_REGS 232
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
