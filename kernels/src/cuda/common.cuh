@@ -21,6 +21,19 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// A row's softmax sum over the four lanes that hold its columns in the tensor cores'
+// accumulator layout (lanes 4r..4r+3 of a warp).
+__device__ __forceinline__ float quad_total(float x) {
+    x += __shfl_xor_sync(FULL_MASK, x, 1);
+    return x + __shfl_xor_sync(FULL_MASK, x, 2);
+}
+
+// A row's natural log-sum-exp from its running maximum `m` (log2 units) and its softmax sum
+// below it; -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m, float total) {
+    return total > 0.f ? (m + log2f(total)) * LN2 : neg_inf();
+}
+
 // Unpacks one 16-byte chunk (8 bf16) into 8 floats.
 __device__ __forceinline__ void chunk_to_float(const uint4 c, float out[8]) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&c);

@@ -315,16 +315,16 @@ __device__ __forceinline__ void decode_attention(
                 float y[8];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) y[i] = acc[h][i] * inv;
-                const float row_lse = l[h] > 0.f ? (m[h] + log2f(l[h])) * LN2 : neg_inf();
+                const float lse_h = row_lse(m[h], l[h]);
                 if (whole) {
                     const size_t row = (size_t)seq * num_q_heads + head0 + h;
                     *reinterpret_cast<uint4*>(out + row * D + dc * 8) = float_to_chunk(y);
-                    if (lse != nullptr && dc == 0) lse[row] = row_lse;
+                    if (lse != nullptr && dc == 0) lse[row] = lse_h;
                 } else {
                     float* dst = part_o + ((size_t)piece * GH + h) * D + dc * 8;
                     *reinterpret_cast<float4*>(dst) = make_float4(y[0], y[1], y[2], y[3]);
                     *reinterpret_cast<float4*>(dst + 4) = make_float4(y[4], y[5], y[6], y[7]);
-                    if (dc == 0) part_lse[(size_t)piece * GH + h] = row_lse;
+                    if (dc == 0) part_lse[(size_t)piece * GH + h] = lse_h;
                 }
             }
         }

@@ -220,9 +220,7 @@ __device__ __forceinline__ void prefill_attention(
     // Normalise and write this thread's two rows.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float total = l[h];
-        total += __shfl_xor_sync(FULL_MASK, total, 1);
-        total += __shfl_xor_sync(FULL_MASK, total, 2);
+        const float total = quad_total(l[h]);
         if (q_token[h] < 0) continue;
         const int head = kv_head * group + (row0 + warp * 16 + (lane >> 2) + 8 * h) % group;
         const size_t base = ((size_t)(q0 + q_token[h]) * num_q_heads + head);
@@ -235,7 +233,7 @@ __device__ __forceinline__ void prefill_attention(
                 __floats2bfloat162_rn(o[dn][2 * h] * inv, o[dn][2 * h + 1] * inv);
         }
         if (lse != nullptr && (lane & 3) == 0)
-            lse[base] = total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+            lse[base] = row_lse(m[h], total);
     }
 }
 

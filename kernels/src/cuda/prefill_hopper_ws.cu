@@ -177,7 +177,7 @@ struct WsProducer {
                                 page_shift, num_pages, num_kv_heads, kv_head);
     }
 
-    // Copies one tile of K or V (`map`) into `dst`, counted on `bar`. A dense tile (every slot
+    // Copies one tile of K or V (`map`, over `cache`) into `dst`, counted on `bar`. A dense tile (every slot
     // holds the next token, so each page's slots are consecutive cache rows) goes through the
     // TMA: a box of up to 128 rows and 64 columns a page and half, which the copy engine writes
     // swizzled, with no copy instructions in the other threads. One thread asks for up to 8
@@ -186,8 +186,8 @@ struct WsProducer {
     // beat 4 lanes, 489 against 450). Any other tile (a page partly filled or missing) is
     // gathered slot by slot with cp.async, empty slots as zeros. Either way every thread then
     // arrives on `bar` as its copies count.
-    __device__ __forceinline__ void copy_tile(bf16* dst, const TensorMap* map, const int* rows,
-                                              bool dense, bool is_k, u64* bar) {
+    __device__ __forceinline__ void copy_tile(bf16* dst, const TensorMap* map, const bf16* cache,
+                                              const int* rows, bool dense, u64* bar) {
         if (dense) {
             const int box = min(page_size, HOP_N), boxes = 2 * (HOP_N / box);
             const int askers = boxes > 8 ? boxes : 1;
@@ -197,10 +197,8 @@ struct WsProducer {
                 tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
                             half * 64, rows[i], bar);
             }
-        } else if (is_k) {
-            hopper_load_kv<WS_PRODUCER_THREADS>(dst, nullptr, rows, k_cache, nullptr);
         } else {
-            hopper_load_kv<WS_PRODUCER_THREADS>(nullptr, dst, rows, nullptr, v_cache);
+            hopper_load_kv<WS_PRODUCER_THREADS>(dst, nullptr, rows, cache, nullptr);
         }
         cp_async_arrive(bar);
     }
@@ -227,9 +225,9 @@ struct WsProducer {
                 cp_async_arrive(&s.full_k[ks]);  // no copies
                 break;
             }
-            copy_tile(s.k[ks], k_map, s.tab[ks].row, dense, true, &s.full_k[ks]);
+            copy_tile(s.k[ks], k_map, k_cache, s.tab[ks].row, dense, &s.full_k[ks]);
             if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
-            copy_tile(s.v[vs], v_map, s.tab[ks].row, dense, false, &s.full_v[vs]);
+            copy_tile(s.v[vs], v_map, v_cache, s.tab[ks].row, dense, &s.full_v[vs]);
             if (j + 1 < num_tiles) slot = find(j + 1, walker);
         }
         // The consumers wait for every copy they read; a block with no tile reads none, not even
@@ -335,28 +333,28 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
                                                   int q0, int num_q_heads) {
     const int t = threadIdx.x & 127, lane = t & 31;
     // Q's two 64-column blocks hold 128 rows of 128 bytes each; this warpgroup's 64 rows of each
-    // are 8 KiB, 32 staged rows.
-    char* const stage = reinterpret_cast<char*>(s.q) + c * 8192;  // + HOP_M * 128 for rows 32..
+    // are 8 KiB, 32 staged rows: staged row rr in the block rr / 32.
+    char* const stage = reinterpret_cast<char*>(s.q) + c * 8192;
+    auto chunk_at = [stage](int rr, int k) {
+        return stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + ((k ^ (rr & 7)) << 4);
+    };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float total = l[h];
-        total += __shfl_xor_sync(FULL_MASK, total, 1);
-        total += __shfl_xor_sync(FULL_MASK, total, 2);
+        const float total = quad_total(l[h]);
         const int rr = (t >> 5) * 16 + (lane >> 2) + 8 * h;  // the warpgroup's row
         const float inv = total > 0.f ? 1.f / total : 0.f;
-        char* row = stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + (lane & 3) * 4;
+        const int at = (lane & 3) * 4;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            *reinterpret_cast<__nv_bfloat162*>(row + ((j ^ (rr & 7)) << 4)) =
+            *reinterpret_cast<__nv_bfloat162*>(chunk_at(rr, j) + at) =
                 __floats2bfloat162_rn(o_lo[4 * j + 2 * h] * inv, o_lo[4 * j + 2 * h + 1] * inv);
-            *reinterpret_cast<__nv_bfloat162*>(row + (((8 + j) ^ (rr & 7)) << 4)) =
+            *reinterpret_cast<__nv_bfloat162*>(chunk_at(rr, 8 + j) + at) =
                 __floats2bfloat162_rn(o_hi[4 * j + 2 * h] * inv, o_hi[4 * j + 2 * h + 1] * inv);
         }
         const int gr = row0 + c * 64 + rr;
         if (lse != nullptr && (lane & 3) == 0 && gr < rows) {
             const int head = kv_head * group + gr % group;
-            lse[(size_t)(q0 + gr / group) * num_q_heads + head] =
-                total > 0.f ? (m[h] + log2f(total)) * LN2 : neg_inf();
+            lse[(size_t)(q0 + gr / group) * num_q_heads + head] = row_lse(m[h], total);
         }
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
@@ -365,8 +363,7 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
         const int idx = t + 128 * i, rr = idx >> 4, k = idx & 15;
         const int gr = row0 + c * 64 + rr;
         if (gr >= rows) continue;
-        const uint4 v =
-            *reinterpret_cast<const uint4*>(stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + ((k ^ (rr & 7)) << 4));
+        const uint4 v = *reinterpret_cast<const uint4*>(chunk_at(rr, k));
         const int head = kv_head * group + gr % group;
         *reinterpret_cast<uint4*>(out + ((size_t)(q0 + gr / group) * num_q_heads + head) * HOP_D +
                                   k * 8) = v;
