@@ -243,15 +243,16 @@ pub fn prefill_attention_on<C: CacheRead>(
     }
     launch.arg(&inputs.sm_scale).arg(&causal);
     // The warp-specialized kernel copies tiles that pages lay out whole with the TMA: a box a
-    // page (of at most a tile's 128 rows) and 64 columns.
+    // page (of at most a tile's 128 rows) and 64 columns. (A cache of no rows has no page to
+    // copy; its map describes one row, which is never read.)
     let maps = match kernel {
         PrefillKernel::WgmmaWarpSpecialized => {
-            let rows = inputs.k_cache.elements() / d;
             let box_rows = inputs.cache.page_size.min(128) as u32;
-            Some((
-                tma::rows_of_128(inputs.k_cache.address(gpu), rows, box_rows)?,
-                tma::rows_of_128(inputs.v_cache.address(gpu), rows, box_rows)?,
-            ))
+            let map = |cache: &C| {
+                let rows = (cache.elements() / d).max(1);
+                tma::rows_of_128(cache.address(gpu), rows, box_rows)
+            };
+            Some((map(&inputs.k_cache)?, map(&inputs.v_cache)?))
         }
         _ => None,
     };

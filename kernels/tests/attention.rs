@@ -797,6 +797,23 @@ fn split_kv_pieces_merged_equal_one_pass() {
                 Some(lse_out),
             )
             .unwrap();
+            // An empty piece attends nothing: zeros and a log-sum-exp of -inf (which the merge
+            // skips), whatever its block's shared memory held.
+            let (part_o, part_lse) = download(&gpu, &parts_o, &parts_lse);
+            for i in (0..pieces).filter(|i| i * entries / pieces == (i + 1) * entries / pieces) {
+                let (o, l) = (
+                    &part_o[i * rows * d..(i + 1) * rows * d],
+                    &part_lse[i * rows..(i + 1) * rows],
+                );
+                assert!(
+                    o.iter().all(|&x| x == 0.0),
+                    "{kernel:?}: empty piece {i} wrote non-zero output"
+                );
+                assert!(
+                    l.iter().all(|&x| x == f64::NEG_INFINITY),
+                    "{kernel:?}: empty piece {i}'s lse"
+                );
+            }
             let (mut o, mut lse) = poisoned(1);
             let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse;
             prefill_attention_on(

@@ -22,11 +22,12 @@ __device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
     return *reinterpret_cast<T*>(raw + (((at + 1023) & ~1023u) - at));
 }
 
-// Where a block works: grid = (sequences, KV heads, query tiles). The launch starts blocks x
-// first, then y, then z, and z counts query tiles from each sequence's last, which has the most
-// causal work: every sequence's and head's heaviest tile starts before any lighter one. With
-// one block an SM, a heavy tile started in the last wave would leave the other SMs idle while it
-// runs (FlashInfer's planner sorts its work longest first for the same reason). The block's
+// Where a block works: grid = (sequences, KV heads, query tiles). The hardware starts blocks x
+// first, then y, then z (what it does, not a documented promise), and z counts query tiles from
+// each sequence's last, which has the most causal work: every sequence's and head's last tile
+// starts first, then the tiles before them. With one block an SM, a heavy tile started in the
+// last wave would leave the other SMs idle while it runs (FlashInfer's planner sorts its work
+// longest first for the same reason). The block's
 // rows are row0.. of the sequence's `rows` (q_len x group); a sequence with fewer tiles than
 // the grid's z gets row0 past its rows: no work.
 struct HopperBlock {

@@ -177,25 +177,32 @@ struct WsProducer {
                                 page_shift, num_pages, num_kv_heads, kv_head);
     }
 
-    // Copies one tile of K or V (`map`, over `cache`) into `dst`, counted on `bar`. A dense tile (every slot
-    // holds the next token, so each page's slots are consecutive cache rows) goes through the
-    // TMA: a box of up to 128 rows and 64 columns a page and half, which the copy engine writes
-    // swizzled, with no copy instructions in the other threads. One thread asks for up to 8
-    // boxes; the 16 of a tile of 16-slot pages are asked for by 16 lanes at once (the bench's
-    // 1 x 4096 prompt: 334 TFLOP/s against 301 from one thread, while 4 boxes from one thread
-    // beat 4 lanes, 489 against 450). Any other tile (a page partly filled or missing) is
-    // gathered slot by slot with cp.async, empty slots as zeros. Either way every thread then
-    // arrives on `bar` as its copies count.
+    // Copies one tile of K or V (`map`, over `cache`) into `dst`, counted on `bar`. A dense
+    // tile (every slot holds the next token, so each page's slots are consecutive cache rows)
+    // goes through the TMA: a box of up to 128 rows and 64 columns a page and half, which the
+    // copy engine writes swizzled, with no copy instructions in the other threads. The 16 boxes
+    // of 16-slot pages are asked for by 16 lanes at once, each its own; fewer, by one thread.
+    // The producer's pace is the kernel's, so how it asks shows: on the 1 x 4096 prompt 16
+    // lanes gave 334 TFLOP/s against 301 from one thread, one thread beat 4 lanes on pages of 64
+    // (489 against 450), and the same split written as one strided loop (lane b asking for boxes
+    // b, b + lanes, ...) lost 7-13% on pages of 16-64. Any other tile (a page partly filled or
+    // missing) is gathered slot by slot with cp.async, empty slots as zeros. Either way every
+    // thread then arrives on `bar` as its copies count.
     __device__ __forceinline__ void copy_tile(bf16* dst, const TensorMap* map, const bf16* cache,
                                               const int* rows, bool dense, u64* bar) {
         if (dense) {
-            const int box = min(page_size, HOP_N), boxes = 2 * (HOP_N / box);
-            const int askers = boxes > 8 ? boxes : 1;
-            if (threadIdx.x == 0) mbarrier_expect_tx(bar, HOP_N * HOP_D * (int)sizeof(bf16));
-            for (int b = threadIdx.x; b < boxes && threadIdx.x < askers; b += askers) {
-                const int i = (b >> 1) * box, half = b & 1;
-                tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
-                            half * 64, rows[i], bar);
+            const int box = min(page_size, HOP_N), t = threadIdx.x;
+            if (t == 0) mbarrier_expect_tx(bar, HOP_N * HOP_D * (int)sizeof(bf16));
+            if (box == 16) {
+                const int half = t & 1, i = (t >> 1) * 16;  // lane t: page t / 2, half t % 2
+                if (t < 16)
+                    tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
+                                half * 64, rows[i], bar);
+            } else if (t == 0) {
+                for (int i = 0; i < HOP_N; i += box)
+                    for (int half = 0; half < 2; ++half)
+                        tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
+                                    half * 64, rows[i], bar);
             }
         } else {
             hopper_load_kv<WS_PRODUCER_THREADS>(dst, nullptr, rows, cache, nullptr);
@@ -230,8 +237,7 @@ struct WsProducer {
             copy_tile(s.v[vs], v_map, v_cache, s.tab[ks].row, dense, &s.full_v[vs]);
             if (j + 1 < num_tiles) slot = find(j + 1, walker);
         }
-        // The consumers wait for every copy they read; a block with no tile reads none, not even
-        // Q's, which must still land before the block leaves.
+        // The consumers wait for every copy they read.
         cp_async_drain();
     }
 };
@@ -411,7 +417,11 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
         WsProducer p{s, k_cache, v_cache, sp.page_ids, sp.page_lens, sp.num_entries,
                      page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles, q_hi,
                      &k_map, &v_map};
-        hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads);
+        // Q lands with tile 0's K. Without tiles nobody would wait for it, and the consumers'
+        // staged stores reuse its memory: no Q is copied then.
+        if (num_tiles > 0)
+            hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0,
+                                               num_q_heads);
         p.run();
         return;
     }
