@@ -70,6 +70,13 @@ __device__ __forceinline__ void hopper_load_kv(bf16* k_dst, bf16* v_dst, const i
     }
 }
 
+// The row of q and of the output (and the index in lse) that the sequence's folded row r stands
+// for: query token r / group, q head kv_head * group + r % group.
+__device__ __forceinline__ size_t folded_row(int r, int group, int kv_head, int q0,
+                                             int num_q_heads) {
+    return (size_t)(q0 + r / group) * num_q_heads + kv_head * group + r % group;
+}
+
 // Starts the copy of the block's Q tile (rows row0.. of the sequence's folded rows, zeros past
 // the last), done by threads 0..THREADS-1.
 template <int THREADS>
@@ -79,10 +86,8 @@ __device__ __forceinline__ void hopper_load_q(bf16* dst, const bf16* q, int row0
         const int r = id >> 4, ch = id & 15;
         const int gr = row0 + r;
         const bf16* src = q;
-        if (gr < rows) {
-            const int t = gr / group, h = kv_head * group + gr % group;
-            src = q + ((size_t)(q0 + t) * num_q_heads + h) * HOP_D + ch * 8;
-        }
+        if (gr < rows)
+            src = q + folded_row(gr, group, kv_head, q0, num_q_heads) * HOP_D + ch * 8;
         cp_async_16(reinterpret_cast<char*>(dst) + swizzled_offset(r, ch * 8, HOP_M), src,
                     gr < rows ? 16 : 0);
     }
@@ -241,8 +246,7 @@ __device__ __forceinline__ void hopper_store_rows(bf16* out, float* lse, const f
     for (int h = 0; h < 2; ++h) {
         const float total = quad_total(l[h]);
         if (q_token[h] < 0) continue;
-        const int head = kv_head * group + (row0 + my_row + 8 * h) % group;
-        const size_t base = (size_t)(q0 + q_token[h]) * num_q_heads + head;
+        const size_t base = folded_row(row0 + my_row + 8 * h, group, kv_head, q0, num_q_heads);
         const float inv = total > 0.f ? 1.f / total : 0.f;
         bf16* dst = out + base * HOP_D;
 #pragma unroll

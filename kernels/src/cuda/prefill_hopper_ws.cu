@@ -359,8 +359,7 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
         }
         const int gr = row0 + c * 64 + rr;
         if (lse != nullptr && (lane & 3) == 0 && gr < rows) {
-            const int head = kv_head * group + gr % group;
-            lse[(size_t)(q0 + gr / group) * num_q_heads + head] = row_lse(m[h], total);
+            lse[folded_row(gr, group, kv_head, q0, num_q_heads)] = row_lse(m[h], total);
         }
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
@@ -370,8 +369,7 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
         const int gr = row0 + c * 64 + rr;
         if (gr >= rows) continue;
         const uint4 v = *reinterpret_cast<const uint4*>(chunk_at(rr, k));
-        const int head = kv_head * group + gr % group;
-        *reinterpret_cast<uint4*>(out + ((size_t)(q0 + gr / group) * num_q_heads + head) * HOP_D +
+        *reinterpret_cast<uint4*>(out + folded_row(gr, group, kv_head, q0, num_q_heads) * HOP_D +
                                   k * 8) = v;
     }
 }
