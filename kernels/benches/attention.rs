@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{device_time, fill, time};
 use criterion::{Criterion, Throughput};
-use kernels::decode::{DecodeWorkspace, decode_attention};
+use kernels::decode::{DecodeKernel, DecodeWorkspace, decode_attention_on};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, Fp8Cache, HostPageTable};
 use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention_on};
 use kernels::sampling::{SampleParams, SampleShape, launch_shape, rows_at_once, sample};
@@ -171,27 +171,50 @@ fn main() {
         read_ceiling(&gpu) / 1e9
     ));
 
-    // Decode: batch x context chosen so K/V (268 MB) is far larger than L2.
+    // Decode: batch x context chosen so K/V (268 MB) is far larger than L2. Every kernel the
+    // device has; the one the engine runs is the line without a tag.
     let mut ws = DecodeWorkspace::new(&gpu, D).unwrap();
+    let decode_kernels = |fp8: bool| -> Vec<(DecodeKernel, &str)> {
+        [
+            (DecodeKernel::Loads, " loads"),
+            (DecodeKernel::BulkCopies, " bulk"),
+        ]
+        .into_iter()
+        .filter(|(k, _)| k.runs_on(&gpu, D))
+        .map(|(k, tag)| {
+            (
+                k,
+                if k == DecodeKernel::best(&gpu, D, fp8) {
+                    ""
+                } else {
+                    tag
+                },
+            )
+        })
+        .collect()
+    };
     for (batch, len, page) in [(64, 1024, 16), (64, 1024, 256), (2, 32768, 16)] {
         let s = setup(&gpu, batch, len, page, batch);
         let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
         let bytes = (2 * batch * len * HKV * D * 2) as u64;
-        let name = format!("decode b{batch} ctx{len} page{page}");
-        let mut run = || decode_attention(&gpu, &s.inputs(), &mut ws, &mut out, None).unwrap();
-        let secs = criterion_then_time(
-            &mut c,
-            &gpu,
-            "decode",
-            &name,
-            Throughput::Bytes(bytes),
-            &mut run,
-        );
-        summary.push(format!(
-            "{name:<40} {:>9.1} us {:>8.0} GB/s",
-            secs * 1e6,
-            bytes as f64 / secs / 1e9
-        ));
+        for (kernel, tag) in decode_kernels(false) {
+            let name = format!("decode b{batch} ctx{len} page{page}{tag}");
+            let mut run =
+                || decode_attention_on(kernel, &gpu, &s.inputs(), &mut ws, &mut out, None).unwrap();
+            let secs = criterion_then_time(
+                &mut c,
+                &gpu,
+                "decode",
+                &name,
+                Throughput::Bytes(bytes),
+                &mut run,
+            );
+            summary.push(format!(
+                "{name:<40} {:>9.1} us {:>8.0} GB/s",
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            ));
+        }
     }
 
     // Decode over serving batches: 1 to 256 sequences of 100..=2047 tokens (a continuous batch
@@ -205,15 +228,17 @@ fn main() {
         let s = setup_lens(&gpu, lens, 256, batch);
         let bytes = (2 * lens.iter().sum::<usize>() * HKV * D * 2) as u64;
         let mut out = gpu.zeros::<bf16>(batch * HQ * D).unwrap();
-        let secs = time(&gpu, &mut || {
-            decode_attention(&gpu, &s.inputs(), &mut ws, &mut out, None).unwrap()
-        });
-        summary.push(format!(
-            "{:<40} {:>9.1} us {:>8.0} GB/s",
-            format!("decode b{batch} ctx100-2047 page256"),
-            secs * 1e6,
-            bytes as f64 / secs / 1e9
-        ));
+        for (kernel, tag) in decode_kernels(false) {
+            let secs = time(&gpu, &mut || {
+                decode_attention_on(kernel, &gpu, &s.inputs(), &mut ws, &mut out, None).unwrap()
+            });
+            summary.push(format!(
+                "{:<40} {:>9.1} us {:>8.0} GB/s",
+                format!("decode b{batch} ctx100-2047 page256{tag}"),
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            ));
+        }
     }
 
     // Decode over an FP8 cache (one byte an element, read as code * scale): GB/s of the bytes
@@ -255,14 +280,17 @@ fn main() {
         };
         let bytes = (2 * lens.iter().sum::<usize>() * HKV * D) as u64;
         let mut out = gpu.zeros::<bf16>(lens.len() * HQ * D).unwrap();
-        let secs = time(&gpu, &mut || {
-            decode_attention(&gpu, &inputs(), &mut ws, &mut out, None).unwrap()
-        });
-        summary.push(format!(
-            "{name:<40} {:>9.1} us {:>8.0} GB/s",
-            secs * 1e6,
-            bytes as f64 / secs / 1e9
-        ));
+        for (kernel, tag) in decode_kernels(true) {
+            let secs = time(&gpu, &mut || {
+                decode_attention_on(kernel, &gpu, &inputs(), &mut ws, &mut out, None).unwrap()
+            });
+            summary.push(format!(
+                "{:<40} {:>9.1} us {:>8.0} GB/s",
+                format!("{name}{tag}"),
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            ));
+        }
     }
 
     // Prefill: causal, whole prompts, FLOPs of the unmasked half (QK^T and PV, 2 flops a MAC),

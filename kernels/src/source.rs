@@ -5,6 +5,7 @@ const MMA: &str = include_str!("cuda/mma.cuh");
 const PAGE_TILES: &str = include_str!("cuda/page_tiles.cuh");
 const WGMMA: &str = include_str!("cuda/wgmma.cuh");
 const HOPPER_ATTENTION: &str = include_str!("cuda/hopper_attention.cuh");
+const MBARRIER: &str = include_str!("cuda/mbarrier.cuh");
 
 /// A kernel source file; each becomes one CUDA module, compiled on first use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,9 +83,9 @@ impl Source {
     pub fn text(self) -> String {
         let helpers: &[&str] = match self {
             Source::PrefillAttention => &[MMA, PAGE_TILES],
-            Source::PrefillHopper | Source::PrefillHopperWs => {
-                &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION]
-            }
+            Source::PrefillHopper => &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION],
+            Source::PrefillHopperWs => &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION, MBARRIER],
+            Source::DecodeAttention => &[MBARRIER],
             _ => &[],
         };
         format!("{COMMON}\n{}\n{}", helpers.join("\n"), self.body())

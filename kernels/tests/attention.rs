@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use kernels::decode::{DecodeWorkspace, MIN_RANGE, decode_attention};
+use kernels::decode::{
+    DecodeKernel, DecodeWorkspace, MIN_RANGE, decode_attention, decode_attention_on,
+};
 use kernels::merge::{PartialState, merge_pieces_into, merge_state};
 use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
@@ -240,12 +242,30 @@ fn prefill_over<C: CacheRead>(
     .collect()
 }
 
+/// Decode on the kernel the GPU runs by default.
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {
-    decode_over(gpu, p, (dev.k.as_view(), dev.v.as_view()), &dev.q, seqs)
+    let kernel = DecodeKernel::best(gpu, p.cache.shape.head_dim, false);
+    decode_over(
+        kernel,
+        gpu,
+        p,
+        (dev.k.as_view(), dev.v.as_view()),
+        &dev.q,
+        seqs,
+    )
 }
 
-/// [`run_decode`] over any cache (bf16 or FP8 codes): the first `seqs.len()` rows of `q`.
+/// Every decode kernel that runs on `gpu` at `head_dim`.
+fn decode_kernels(gpu: &Gpu, head_dim: usize) -> Vec<DecodeKernel> {
+    [DecodeKernel::Loads, DecodeKernel::BulkCopies]
+        .into_iter()
+        .filter(|k| k.runs_on(gpu, head_dim))
+        .collect()
+}
+
+/// Decode on `kernel` over any cache (bf16 or FP8 codes): the first `seqs.len()` rows of `q`.
 fn decode_over<C: CacheRead>(
+    kernel: DecodeKernel,
     gpu: &Gpu,
     p: &Problem,
     (k_cache, v_cache): (C, C),
@@ -258,7 +278,7 @@ fn decode_over<C: CacheRead>(
     let mut ws = DecodeWorkspace::new(gpu, d).unwrap();
     let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
     let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
-    decode_attention(gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
+    decode_attention_on(kernel, gpu, &inputs, &mut ws, &mut out, Some(&mut lse)).unwrap();
     download(gpu, &out, &lse)
 }
 
@@ -436,8 +456,11 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
                 seqs: p.seqs.clone(),
             };
             let (want, want_lse) = one_query.reference(&p.seqs, true);
-            let (out, lse) = decode_over(&gpu, &p, codes(), &q, &p.seqs);
-            assert_attention(&format!("{name} decode"), (&out, &lse), (&want, &want_lse));
+            for kernel in decode_kernels(&gpu, d) {
+                let (out, lse) = decode_over(kernel, &gpu, &p, codes(), &q, &p.seqs);
+                let name = format!("{name} decode {kernel:?}");
+                assert_attention(&name, (&out, &lse), (&want, &want_lse));
+            }
         }
     }
 }
@@ -463,9 +486,12 @@ fn decode_matches_reference_whole_and_in_pieces() {
                 let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
                 let dev = upload(&gpu, &p);
                 let (want, want_lse) = p.reference(&p.seqs, true);
-                let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
-                let name = format!("decode d{d} group{} page{ps}", hq / hkv);
-                assert_attention(&name, (&out, &lse), (&want, &want_lse));
+                for kernel in decode_kernels(&gpu, d) {
+                    let cache = (dev.k.as_view(), dev.v.as_view());
+                    let (out, lse) = decode_over(kernel, &gpu, &p, cache, &dev.q, &p.seqs);
+                    let name = format!("decode d{d} group{} page{ps} {kernel:?}", hq / hkv);
+                    assert_attention(&name, (&out, &lse), (&want, &want_lse));
+                }
             }
         }
     }
@@ -859,6 +885,25 @@ fn attention_refuses_unsupported_shapes() {
     let mut ws = DecodeWorkspace::new(&gpu, 64).unwrap();
     let err = decode_attention(&gpu, &inputs, &mut ws, &mut out, None).unwrap_err();
     assert!(err.to_string().contains("power of two"), "{err}");
+    // The bulk-copy kernel is Hopper's and head_dim 128's only.
+    let err = decode_attention_on(
+        DecodeKernel::BulkCopies,
+        &gpu,
+        &AttentionInputs {
+            q: dev.q.as_view(),
+            k_cache: dev.k.as_view(),
+            v_cache: dev.v.as_view(),
+            cache: shape(64, 2, 16, 4),
+            table: table.view(),
+            num_q_heads: 4,
+            sm_scale: 0.125,
+        },
+        &mut ws,
+        &mut out,
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("head_dim 128"), "{err}");
     let err = decode_attention(
         &gpu,
         &AttentionInputs {

@@ -70,23 +70,6 @@ struct WsShared {
     int reduce[WS_THREADS / 32];
 };
 
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)),
-                 "r"(count)
-                 : "memory");
-}
-
-// Arrives on `bar` (release: this thread's earlier writes are seen by whoever waits for it).
-__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
-                     shared_address(bar))
-                 : "memory");
-}
-
 // Arrives on `bar` once every cp.async this thread has issued so far has landed. `noinc`: the
 // arrival counts against the count `bar` was initialised with.
 __device__ __forceinline__ void cp_async_arrive(u64* bar) {
@@ -101,15 +84,6 @@ struct alignas(64) TensorMap {
     unsigned long long opaque[16];
 };
 
-// Adds `bytes` to what the current phase of `bar` waits for besides its arrivals: the TMA
-// copies that complete on it count their bytes off.
-__device__ __forceinline__ void mbarrier_expect_tx(u64* bar, u32 bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
-                     shared_address(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
 // Starts the TMA copy of the box of `map` whose first element is (column x, row y) into `dst`,
 // counted on `bar` when it lands.
 __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int x, int y,
@@ -119,19 +93,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int
         "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared_address(dst)),
         "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar))
         : "memory");
-}
-
-// Waits until the phase of parity `parity` of `bar` has completed (acquire).
-__device__ __forceinline__ void mbarrier_wait(u64* bar, int parity) {
-    u32 done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(shared_address(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
 }
 
 // The producer's 128 threads meet; true when `pred` holds for all of them.
