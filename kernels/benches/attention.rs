@@ -184,7 +184,7 @@ fn main() {
         .map(|(k, tag)| {
             (
                 k,
-                if k == DecodeKernel::best(&gpu, D, fp8) {
+                if k == DecodeKernel::best(&gpu, D, HQ / HKV, fp8) {
                     ""
                 } else {
                     tag

@@ -27,19 +27,24 @@ pub enum DecodeKernel {
     Loads,
     /// Hopper, head_dim 128: a producer warp copies each page piece with one bulk copy into a
     /// ring of shared-memory stages, which four warps read; the loads in flight no longer wait
-    /// for the warps' arithmetic. The faster one over an FP8 cache (13-28% on an H100); over
-    /// bf16 within 2% of [`DecodeKernel::Loads`] either way.
+    /// for the warps' arithmetic. The faster one over an FP8 cache at one or two q heads a
+    /// block (on an H100, two heads: 7-19% less time a call); over bf16 3-6% slower on 16-64
+    /// serving sequences and up to 3% faster on larger batches.
     BulkCopies,
 }
 
-/// The bulk-copy kernel's ring of stages, in bytes (`cuda/decode_attention.cu`).
+/// The bulk-copy kernel's ring of stages, in bytes: `BULK_RING_BYTES` of
+/// `cuda/decode_attention.cu`, which also sets its 160 threads (four warps and a producer).
 const BULK_RING_BYTES: usize = 32 * 1024;
 
 impl DecodeKernel {
-    /// The faster kernel that runs on `gpu` at `head_dim` over a cache of FP8 codes (`fp8`)
-    /// or of bf16.
-    pub fn best(gpu: &Gpu, head_dim: usize, fp8: bool) -> Self {
-        if fp8 && DecodeKernel::BulkCopies.runs_on(gpu, head_dim) {
+    /// The faster kernel that runs on `gpu` at `head_dim` and GQA group size `group` over a
+    /// cache of FP8 codes (`fp8`) or of bf16. The bulk-copy kernel's four warps hold a block's
+    /// q heads' state in registers besides the ring: past two heads a block it fits half the
+    /// blocks an SM of the per-lane kernel and is no faster.
+    pub fn best(gpu: &Gpu, head_dim: usize, group: usize, fp8: bool) -> Self {
+        let few_heads = heads_per_block(group) <= 2;
+        if fp8 && few_heads && DecodeKernel::BulkCopies.runs_on(gpu, head_dim) {
             DecodeKernel::BulkCopies
         } else {
             DecodeKernel::Loads
@@ -70,7 +75,8 @@ impl DecodeKernel {
     }
 }
 
-/// The most blocks of 128 threads a multiprocessor can hold (2,048 threads).
+/// The most blocks of either kernel a multiprocessor can hold (2,048 threads, 128 a block at
+/// the least).
 const MAX_BLOCKS_PER_SM: usize = 16;
 
 /// The most q heads one block serves (its partial results are sized for this many).
@@ -123,7 +129,7 @@ pub fn decode_attention<C: CacheRead>(
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
     let fp8 = inputs.scales(K)?.2;
-    let kernel = DecodeKernel::best(gpu, inputs.cache.head_dim, fp8);
+    let kernel = DecodeKernel::best(gpu, inputs.cache.head_dim, inputs.group(), fp8);
     decode_attention_on(kernel, gpu, inputs, workspace, out, lse)
 }
 
@@ -268,7 +274,7 @@ pub fn decode_attention_on<C: CacheRead>(
 pub fn blocks(gpu: &Gpu, head_dim: usize, group: usize) -> Result<usize> {
     kernel_blocks(
         gpu,
-        DecodeKernel::best(gpu, head_dim, false),
+        DecodeKernel::best(gpu, head_dim, group, false),
         head_dim,
         group,
         false,

@@ -244,7 +244,8 @@ fn prefill_over<C: CacheRead>(
 
 /// Decode on the kernel the GPU runs by default.
 fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>, Vec<f64>) {
-    let kernel = DecodeKernel::best(gpu, p.cache.shape.head_dim, false);
+    let group = p.hq / p.cache.shape.num_kv_heads;
+    let kernel = DecodeKernel::best(gpu, p.cache.shape.head_dim, group, false);
     decode_over(
         kernel,
         gpu,
@@ -398,7 +399,7 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
     let (k_scale, v_scale) = (0.25f32, 0.5f32);
     let segs: Vec<(&[usize], usize)> = vec![(&[37, 100], 20), (&[5], 5), (&[300], 1)];
     for d in [32, 64, 128] {
-        for (hq, hkv, ps) in [(4, 4, 16), (8, 2, 256), (16, 2, 16)] {
+        for (hq, hkv, ps) in [(4, 4, 16), (8, 2, 256), (16, 2, 16), (8, 4, 64)] {
             let pages = segs
                 .iter()
                 .flat_map(|s| s.0)
@@ -476,7 +477,7 @@ fn decode_matches_reference_whole_and_in_pieces() {
         vec![(&[37, 100], 1), (&[5], 1), (&[300], 1), (&[16, 16], 1)];
     for d in [32, 64, 128] {
         for (hq, hkv) in [(4, 4), (4, 2), (8, 2), (16, 2)] {
-            for ps in [16, 256] {
+            for ps in [16, 64, 256] {
                 let pages = segs
                     .iter()
                     .flat_map(|s| s.0)
@@ -498,26 +499,28 @@ fn decode_matches_reference_whole_and_in_pieces() {
 }
 
 /// Long sequences, enough of them that the KV is shared out in ranges longer than the
-/// shortest (a sequence then spans many blocks, and a block holds pieces of several).
+/// shortest (a sequence then spans many blocks, and a block holds pieces of several), and long
+/// enough that a block walks more than the 32 units of 32 slots for which the bulk-copy
+/// kernel's producer reads the page table at once.
 #[test]
 fn decode_long_contexts_shared_out_among_all_blocks() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(22);
     let (d, hq, hkv, ps) = (128, 16, 8, 16);
     let lens: Vec<Vec<usize>> = vec![
-        vec![3000],
-        vec![1234, 777],
-        vec![2900],
-        vec![3100],
-        vec![40],
-        vec![2500, 600],
-        vec![3000],
-        vec![2999],
-        vec![3001],
-        vec![3000, 100],
-        vec![2048],
-        vec![4000],
-        vec![3333],
+        vec![9000],
+        vec![3702, 2331],
+        vec![8700],
+        vec![9300],
+        vec![120],
+        vec![7500, 1800],
+        vec![9000],
+        vec![8997],
+        vec![9003],
+        vec![9000, 300],
+        vec![6144],
+        vec![12000],
+        vec![9999],
     ];
     let segs: Vec<(&[usize], usize)> = lens.iter().map(|l| (l.as_slice(), 1)).collect();
     let pages: usize = lens.iter().flatten().map(|n| n.div_ceil(ps)).sum();
@@ -526,13 +529,18 @@ fn decode_long_contexts_shared_out_among_all_blocks() {
     let slots = *table.slot_indptr().last().unwrap() as usize * hq / 2;
     let blocks = kernels::decode::blocks(&gpu, d, hq / hkv).unwrap();
     assert!(
-        slots > blocks * MIN_RANGE,
-        "{slots} slots should need ranges longer than {MIN_RANGE} on {blocks} blocks"
+        slots > blocks * 32 * 32,
+        "{slots} slots should need ranges longer than 32 units of 32 slots on {blocks} blocks"
     );
     let dev = upload(&gpu, &p);
-    let (out, lse) = run_decode(&gpu, &p, &dev, &p.seqs);
     let (want, want_lse) = p.reference(&p.seqs, true);
-    assert_attention("decode long contexts", (&out, &lse), (&want, &want_lse));
+    // Every kernel: the bulk-copy one walks more than a producer's 32 units a block here.
+    for kernel in decode_kernels(&gpu, d) {
+        let cache = (dev.k.as_view(), dev.v.as_view());
+        let (out, lse) = decode_over(kernel, &gpu, &p, cache, &dev.q, &p.seqs);
+        let name = format!("decode long contexts {kernel:?}");
+        assert_attention(&name, (&out, &lse), (&want, &want_lse));
+    }
 }
 
 /// One long sequence and a short one: the long one's segment is cut into over a hundred pieces,

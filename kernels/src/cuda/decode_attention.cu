@@ -120,13 +120,14 @@ struct DecodeSegment {
 };
 
 // The segment at `pos`; `seq` (a sequence at or before it) moves forward to its sequence.
-// Units of `unit` slots run up to the last valid slot of the last entry: the empty end of a
-// sequence's last page is not walked.
+// A segment already ends at its sequence's last valid slot rounded up to 32 (`slot_indptr`),
+// so units of `unit` slots run to the part's end and the empty end of a sequence's last page
+// is not walked; reading the last entry's length again would add one more wait, each on the
+// one before, before a block's first K/V load and at each change of segment.
 __device__ __forceinline__ DecodeSegment segment_at(long long pos, long long end, int& seq,
                                                     const int* slot_indptr, const int* kv_indptr,
-                                                    const int* kv_page_lens, int groups, int gh,
-                                                    int num_q_heads, int num_kv_heads,
-                                                    int page_size, int page_shift, int unit) {
+                                                    int groups, int gh, int num_q_heads,
+                                                    int num_kv_heads, int unit) {
     while ((long long)slot_indptr[seq + 1] * groups <= pos) ++seq;  // skips empty ones
     DecodeSegment s;
     s.seq = seq;
@@ -139,12 +140,8 @@ __device__ __forceinline__ DecodeSegment segment_at(long long pos, long long end
     s.kv_head = s.head0 / (num_q_heads / num_kv_heads);
     s.e0 = kv_indptr[seq];
     s.num_entries = kv_indptr[seq + 1] - s.e0;
-    const int last_end =
-        s.num_entries > 0 ? ((s.num_entries - 1) << page_shift) +
-                                min(kv_page_lens[s.e0 + s.num_entries - 1], page_size)
-                          : 0;
     s.u_begin = s.lo / unit;
-    s.u_end = (min(s.hi, last_end) + unit - 1) / unit;
+    s.u_end = (s.hi + unit - 1) / unit;
     return s;
 }
 
@@ -367,8 +364,8 @@ __device__ __forceinline__ void decode_attention(
     long long pos = begin;
     while (pos < end) {
         const DecodeSegment sg =
-            segment_at(pos, end, seq, slot_indptr, kv_indptr, kv_page_lens, groups, GH,
-                       num_q_heads, num_kv_heads, page_size, page_shift, CH);
+            segment_at(pos, end, seq, slot_indptr, kv_indptr, groups, GH, num_q_heads,
+                       num_kv_heads, CH);
         Rows r;
         r.begin(q, sg.seq, num_q_heads, sg.head0, dc, scale, k_scale);
         for (int u = sg.u_begin + warp; u < sg.u_end; u += DECODE_WARPS) {
@@ -410,10 +407,11 @@ __device__ __forceinline__ void decode_attention(
 // held the memory back most: a row is 128 bytes, a lane's load 8, so half the bytes of bf16's
 // loads were in flight. A producer warp keeps a 32 KiB ring of stages of BULK_SLOTS slots in
 // flight a block (2 stages of bf16, 4 of FP8), walking the same units as the consumers, whatever
-// they are computing. Measured on an H100, against the per-lane loads: FP8 13-28% faster; bf16
-// 1-2% faster from 64 sequences of 1,024 tokens up and 2-6% slower on 16-64 serving
-// sequences, so bf16 keeps the per-lane loads (rings of 48 and 64 KiB, eight consumer warps, or
-// registers capped for more blocks an SM were all slower).
+// they are computing. Measured on an H100 against the per-lane loads, two q heads a block: FP8
+// 7-19% less time a call; bf16 up to 3% less from 64 sequences of 1,024 tokens up, 3-6% more
+// on 16-64 serving sequences, so bf16 keeps the per-lane loads (rings of 48 and 64 KiB, eight
+// consumer warps, or registers capped for more blocks an SM were all slower). At four or eight
+// heads a block the consumers' registers leave it half the blocks an SM, and FP8 is slower.
 //
 //   block = DECODE_WARPS consumer warps, then one producer warp. Stage t holds unit i's K and V
 //   rows (i % STAGES == t); a unit of BULK_SLOTS slots lies in one page of 32 slots or more, or
@@ -476,6 +474,7 @@ __device__ __forceinline__ void decode_attention_bulk(
             mbarrier_init(&full[t], 1);
             mbarrier_init(&empty[t], DECODE_WARPS);
         }
+        mbarrier_init_fence();
     }
     // Its block-wide barriers also publish the mbarriers' initialisation.
     int seq = first_sequence(begin, slot_indptr, num_seqs, groups, s_first);
@@ -487,8 +486,8 @@ __device__ __forceinline__ void decode_attention_bulk(
     if (warp == DECODE_WARPS) {
         while (pos < end) {
             const DecodeSegment sg =
-                segment_at(pos, end, seq, slot_indptr, kv_indptr, kv_page_lens, groups, GH,
-                           num_q_heads, num_kv_heads, page_size, page_shift, BULK_SLOTS);
+                segment_at(pos, end, seq, slot_indptr, kv_indptr, groups, GH, num_q_heads,
+                           num_kv_heads, BULK_SLOTS);
             for (int u0 = sg.u_begin; u0 < sg.u_end; u0 += 32) {
                 // Lane l reads unit u0 + l's pages: each piece's first cache row and how many
                 // of its slots hold tokens.
@@ -519,14 +518,14 @@ __device__ __forceinline__ void decode_attention_bulk(
                     held[t][0] = n0;
                     held[t][1] = n1;
                     mbarrier_arrive_expect_tx(&full[t], (u32)(2 * (n0 + n1) * ROW));
-                    unsigned char* k_dst = ring + t * 2 * TENSOR;
+                    unsigned char* stage = ring + t * 2 * TENSOR;  // K, then V
                     if (n0 > 0) {
-                        bulk_copy_to_shared(k_dst, k_cache + (size_t)r0 * D, n0 * ROW, &full[t]);
-                        bulk_copy_to_shared(k_dst + TENSOR, v_cache + (size_t)r0 * D, n0 * ROW,
+                        bulk_copy_to_shared(stage, k_cache + (size_t)r0 * D, n0 * ROW, &full[t]);
+                        bulk_copy_to_shared(stage + TENSOR, v_cache + (size_t)r0 * D, n0 * ROW,
                                             &full[t]);
                     }
                     if (n1 > 0) {
-                        unsigned char* dst = k_dst + piece_slots * ROW;
+                        unsigned char* dst = stage + piece_slots * ROW;
                         bulk_copy_to_shared(dst, k_cache + (size_t)r1 * D, n1 * ROW, &full[t]);
                         bulk_copy_to_shared(dst + TENSOR, v_cache + (size_t)r1 * D, n1 * ROW,
                                             &full[t]);
@@ -542,14 +541,14 @@ __device__ __forceinline__ void decode_attention_bulk(
     const float scale = sm_scale * LOG2E;
     while (pos < end) {
         const DecodeSegment sg =
-            segment_at(pos, end, seq, slot_indptr, kv_indptr, kv_page_lens, groups, GH,
-                       num_q_heads, num_kv_heads, page_size, page_shift, BULK_SLOTS);
+            segment_at(pos, end, seq, slot_indptr, kv_indptr, groups, GH, num_q_heads,
+                       num_kv_heads, BULK_SLOTS);
         Rows r;
         r.begin(q, sg.seq, num_q_heads, sg.head0, dc, scale, k_scale);
         for (int u = sg.u_begin; u < sg.u_end; ++u, ++unit) {
             const int t = unit % STAGES;
             mbarrier_wait(&full[t], (unit / STAGES) & 1);
-            const unsigned char* k_src = ring + t * 2 * TENSOR;
+            const unsigned char* stage = ring + t * 2 * TENSOR;  // K, then V
             uint4 kc[DECODE_UNROLL], vc[DECODE_UNROLL];
             bool valid[DECODE_UNROLL];
 #pragma unroll
@@ -558,8 +557,8 @@ __device__ __forceinline__ void decode_attention_bulk(
                 const int j = slot / piece_slots, offset = slot & (piece_slots - 1);
                 valid[uu] = offset < held[t][j];
                 const int at = slot * ROW + dc * 8 * (int)sizeof(typename KV::T);
-                kc[uu] = valid[uu] ? shared_kv<KV>(k_src + at) : make_uint4(0, 0, 0, 0);
-                vc[uu] = valid[uu] ? shared_kv<KV>(k_src + TENSOR + at) : make_uint4(0, 0, 0, 0);
+                kc[uu] = valid[uu] ? shared_kv<KV>(stage + at) : make_uint4(0, 0, 0, 0);
+                vc[uu] = valid[uu] ? shared_kv<KV>(stage + TENSOR + at) : make_uint4(0, 0, 0, 0);
             }
             __syncwarp();
             if (lane == 0) mbarrier_arrive(&empty[t]);
@@ -663,9 +662,17 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
     if (lse != nullptr && lane == 0) lse[row] = mx + logf(total);
 }
 
-// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16).
+// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16). One head a block asks
+// for 7 blocks an SM: left to itself ptxas gives the bf16 kernel 93-96 registers (5 blocks),
+// where 72 hold it without spills, as they did before the kernel shared its walk with the
+// bulk-copy one. (A minimum of blocks named at all moves ptxas's own target: 1 block an SM
+// takes 141 registers at two heads, not 96, so the other group sizes name none.)
+#define DECODE_BOUNDS_1 __launch_bounds__(DECODE_WARPS * 32, 7)
+#define DECODE_BOUNDS_2 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_4 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_8 __launch_bounds__(DECODE_WARPS * 32)
 #define DECODE_KV(NAME, D, GH, KV)                                                             \
-    extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) NAME(                      \
+    extern "C" __global__ void DECODE_BOUNDS_##GH NAME(                                        \
         const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* kv_indptr,       \
         const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
         float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \

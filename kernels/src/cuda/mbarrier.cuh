@@ -14,6 +14,12 @@ __device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
                  : "memory");
 }
 
+// Makes this thread's mbarrier initialisations visible to the copy engine, which completes
+// copies on them (the block barrier after it publishes them to the other threads).
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // Arrives on `bar` (release: this thread's earlier writes are seen by whoever waits for it).
 __device__ __forceinline__ void mbarrier_arrive(u64* bar) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(

@@ -362,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
             mbarrier_init(&s.full_v[i], WS_PRODUCER_THREADS);
             mbarrier_init(&s.empty_v[i], WS_CONSUMER_WARPS);
         }
+        mbarrier_init_fence();
     }
     // Its block-wide barrier also publishes the mbarriers' initialisation.
     const SequencePages sp =
