@@ -408,8 +408,8 @@ __device__ __forceinline__ void decode_attention(
 // loads were in flight. A producer warp keeps a 32 KiB ring of stages of BULK_SLOTS slots in
 // flight a block (2 stages of bf16, 4 of FP8), walking the same units as the consumers, whatever
 // they are computing. Measured on an H100 against the per-lane loads, two q heads a block: FP8
-// 7-19% less time a call; bf16 up to 3% less from 64 sequences of 1,024 tokens up, 3-6% more
-// on 16-64 serving sequences, so bf16 keeps the per-lane loads (rings of 48 and 64 KiB, eight
+// 7-19% less time a call; bf16 from 3% less on large batches to 6% more on 16-64 serving
+// sequences, so bf16 keeps the per-lane loads (rings of 48 and 64 KiB, eight
 // consumer warps, or registers capped for more blocks an SM were all slower). At four or eight
 // heads a block the consumers' registers leave it half the blocks an SM, and FP8 is slower.
 //
