@@ -105,6 +105,19 @@ __device__ __forceinline__ long long block_range(long long total, int blocks, in
     return (r + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
 }
 
+// This block's part [begin, end) of the segment line (`slot_indptr`'s slots once per head
+// group); empty for a block past the line's end.
+struct LinePart {
+    long long begin, end;
+};
+__device__ __forceinline__ LinePart block_part(const int* slot_indptr, int num_seqs, int groups,
+                                               int min_range) {
+    const long long total = (long long)slot_indptr[num_seqs] * groups;
+    const long long range = block_range(total, gridDim.x, min_range);
+    const long long begin = blockIdx.x * range;
+    return {begin, min(total, begin + range)};
+}
+
 // The segment the walk is in at line position `pos`, and the part of it before `end`.
 struct DecodeSegment {
     int seq, g, seg;       // sequence, head group, slots of the segment
@@ -354,9 +367,7 @@ __device__ __forceinline__ void decode_attention(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ts = lane / Rows::LPT, dc = lane % Rows::LPT;  // token slot in the warp, chunk of the row
     const int groups = num_q_heads / GH;
-    const long long total = (long long)slot_indptr[num_seqs] * groups;
-    const long long range = block_range(total, gridDim.x, min_range);
-    const long long begin = blockIdx.x * range, end = min(total, begin + range);
+    const auto [begin, end] = block_part(slot_indptr, num_seqs, groups, min_range);
     if (begin >= end) return;
     int seq = first_sequence(begin, slot_indptr, num_seqs, groups, s_first);
 
@@ -465,9 +476,7 @@ __device__ __forceinline__ void decode_attention_bulk(
     let_next_kernel_start();  // the merge's blocks wait for this kernel's pieces
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int groups = num_q_heads / GH;
-    const long long total = (long long)slot_indptr[num_seqs] * groups;
-    const long long range = block_range(total, gridDim.x, min_range);
-    const long long begin = blockIdx.x * range, end = min(total, begin + range);
+    const auto [begin, end] = block_part(slot_indptr, num_seqs, groups, min_range);
     if (begin >= end) return;
     if (threadIdx.x == 0) {
         for (int t = 0; t < STAGES; ++t) {
