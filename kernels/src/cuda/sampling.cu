@@ -188,6 +188,18 @@ __device__ __forceinline__ void add_remote(u32 a, u32 v) {
     asm volatile("red" DSMEM ".add.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
 }
 
+// An atomic add on the block's own shared memory, as one instruction: atomicAdd from divergent
+// threads makes the compiler pool the warp's adds first (a vote and a five-step scan), which costs
+// more than the few adds that meet on one address.
+__device__ __forceinline__ u32 atomic_add_own(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.shared.add.u32 %0, [%1], %2;"
+                 : "=r"(old)
+                 : "r"((u32)__cvta_generic_to_shared(p)), "r"(v)
+                 : "memory");
+    return old;
+}
+
 __device__ __forceinline__ int block_size() { return (int)blockDim.x; }
 
 __device__ __forceinline__ u64 splitmix64(u64 x) {
@@ -634,14 +646,17 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
     }
 }
 
-// Appends (key << 32 | index) of this block's logits with take(key) to rank 0's list. Every block
-// appends to its own list first, one shared-memory atomic on its own count per warp and round;
-// then each other block reserves its run of rank 0's list with one atomic on rank 0's count and
-// copies it there: an atomic on another block's shared memory waits for an answer from another
-// SM, which one a warp and round would wait for again and again. Entries past the list's end are
-// counted, not written. `see(x, key, ok)` is called for every logit on the way. The block's
-// list_count must be 0 (rank 0's as the selection's decision leaves it); the other blocks leave
-// theirs at 0 and zero the entries they used, so a histogram that was clear under them is again.
+// Appends (key << 32 | index) of this block's logits with take(x) to rank 0's list. Every block
+// appends to its own list first, each thread with an atomic on its own block's count where it
+// takes any of a chunk's logits (a gathered bin holds a few percent of a row, so a warp's
+// atomics rarely meet on the count, and a vote to pool them cost more than it saved); then each
+// other block reserves its run of rank 0's list with one atomic on rank 0's count and copies it
+// there: an atomic on another block's shared memory waits for an answer from another SM, which
+// one a thread would wait for again and again. The list's order is not the row's. Entries past
+// the list's end are counted, not written. `see(x, ok)` is called for every logit on the way.
+// The block's list_count must be 0 (rank 0's as the selection's decision leaves it); the other
+// blocks leave theirs at 0 and zero the entries they used, so a histogram that was clear under
+// them is again.
 template <typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
     constexpr int V = 16 / sizeof(T);
@@ -649,17 +664,11 @@ __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared&
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const u32 key = order_key(x[j]);
-            see(x[j], key, j < valid);
-            takes |= j < valid && take(key) ? 1u << j : 0u;
+            see(x[j], j < valid);
+            takes |= j < valid && take(x[j]) ? 1u << j : 0u;
         }
-        const int mine = __popc(takes);
-        if (!__any_sync(FULL_MASK, mine)) return;
-        int before, total;
-        warp_offsets<V>(mine, before, total);
-        u32 base = 0;
-        if ((threadIdx.x & 31) == 0) base = atomicAdd(&s.list_count, (u32)total);
-        u32 slot = __shfl_sync(FULL_MASK, base, 0) + before;
+        if (takes == 0) return;
+        u32 slot = atomic_add_own(&s.list_count, (u32)__popc(takes));
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             if (takes >> j & 1) {
@@ -888,22 +897,23 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
 template <typename T>
 __device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
     const float mx = c.max, scale = c.scale;
-    u64 count = 0, mass = 0, at = 0;
+    u32 count = 0, at = 0;
+    u64 mass = 0;
     for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
         const u32 k = order_key(x);
-        if (ok && k > key) {
-            count += 1;
-            mass += fixed_weight(x, mx, scale);
-        }
+        const bool above = ok && k > key;
+        const u64 w = fixed_weight(x, mx, scale);  // for every logit: no branch a logit
+        count += above;
+        mass += above ? w : 0ull;
         at += ok && k == key;
     });
-    count = block_sum_u64(count, s);
+    const u64 counted = block_sum_u64(count, s);
     mass = block_sum_u64(mass, s);
-    at = block_sum_u64(at, s);
+    const u64 at_key = block_sum_u64(at, s);
     if (threadIdx.x < c.ranks) {
-        store_remote(remote(&s.sums[0][c.rank], threadIdx.x), count);
+        store_remote(remote(&s.sums[0][c.rank], threadIdx.x), counted);
         store_remote(remote(&s.sums[1][c.rank], threadIdx.x), mass);
-        store_remote(remote(&s.sums[2][c.rank], threadIdx.x), at);
+        store_remote(remote(&s.sums[2][c.rank], threadIdx.x), at_key);
     }
 }
 
@@ -949,10 +959,17 @@ __device__ __forceinline__ float guess_unit(int vocab) {
     return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 22);
 }
 
-// Pass 1: finite logit x added to its bin's guess.
-__device__ __forceinline__ void guess_add(SampleShared& s, float x, float scale, float unit) {
-    const u32 key = order_key(x);
-    atomicAdd(&s.hist[key >> 20], (u32)(fast_exp2((x - bin_edge(key)) * scale) * unit + 0.5f));
+// Pass 1: logit x added to its bin's guess, nothing where `ok` is false. The bin and its edge come
+// straight from the float's bits, the sign spread into a mask: -0 falls in the bin below +0's,
+// and an infinite or NaN logit's term is 0 (its edge is itself, or NaN), which the guess can
+// afford where an exact key could not. No branch: a chunk's four logits interleave.
+__device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale, float unit) {
+    const u32 b = __float_as_uint(x);
+    const u32 negative = (u32)((int)b >> 31);
+    const u32 bin = (b ^ (negative | 0x80000000u)) >> 20;
+    const float edge = __uint_as_float((b | (0xFFFFFu & ~negative)) & ~(0xFFFFFu & negative));
+    const u32 term = (u32)(fast_exp2((x - edge) * scale) * unit + 0.5f);
+    atomicAdd(&s.hist[bin], ok ? term : 0u);
 }
 
 // Rank 0, the guesses merged: the bins [s.stage.bin, s.stage.key] that may hold the top-p
@@ -1093,8 +1110,12 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
             const u32 pre = prefix, msk = mask, floor = q.floor;
             const bool strict = q.strict;
             gather_into_rank0(
-                c, s, [=](u32 key) { return (key & msk) == pre && (!strict || key > floor); },
-                [](float, u32, bool) {});
+                c, s,
+                [=](float x) {
+                    const u32 key = order_key(x);
+                    return (key & msk) == pre && (!strict || key > floor);
+                },
+                [](float, bool) {});
             cluster_sync();  // the list is complete
             if (c.rank == 0) {
                 const int n = (int)s.list_count;
@@ -1342,7 +1363,8 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
         u64 sum = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            w[j] = j < valid && x[j] >= threshold ? fixed_weight(x[j], mx, scale) : 0ull;
+            const u64 wj = fixed_weight(x[j], mx, scale);
+            w[j] = j < valid && x[j] >= threshold ? wj : 0ull;
             sum += w[j];
         }
         return sum;
@@ -1464,7 +1486,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         const float scale = c.scale, unit = guess_unit(vocab);
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
-            if (ok && fabsf(x) < -neg_inf()) guess_add(s, x, scale, unit);
+            guess_add(s, x, ok, scale, unit);
         });
     } else {
         for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
@@ -1514,7 +1536,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         cluster_sync();
         if (s.d.above + s.d.mass <= SORT_LIST) {
             const u32 low = s.d.bin << 20;
-            gather_into_rank0(c, s, [=](u32 key) { return key >= low; }, [](float, u32, bool) {});
+            gather_into_rank0(c, s, [=](float x) { return order_key(x) >= low; }, [](float, bool) {});
             cluster_sync();
             if (c.rank == 0) finish_in_list(c, s, out);
             return;
@@ -1550,15 +1572,17 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         bool resolved = false;  // by the guess
         if (s.d.try_list) {
             // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
+            // Compared as floats, which order as their keys do (a NaN, weighing 0, is in neither).
             const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
-            const float scale = c.scale;
+            const float lo = key_value(lo_key), hi = key_value(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
             gather_into_rank0(
-                c, s, [=](u32 key) { return key >= lo_key && key <= hi_key; },
-                [&](float x, u32 key, bool ok) {
-                    const u64 w = ok ? fixed_weight(x, mx, scale) : 0ull;
+                c, s, [=](float x) { return x >= lo && x <= hi; },
+                [&](float x, bool ok) {
+                    const u64 weight = fixed_weight(x, mx, scale);
+                    const u64 w = ok ? weight : 0ull;
                     total += w;
-                    above += key > hi_key ? w : 0ull;
+                    above += x > hi ? w : 0ull;
                 });
             above = block_sum_u64(above, s);
             total = block_sum_u64(total, s);
