@@ -53,9 +53,10 @@
 //   histogram.
 // - A gather appends to each block's own list, then copies it into rank 0's with one atomic on
 //   rank 0's count a block: atomics on another block's shared memory wait for another SM.
-// - The draw: each block's candidate mass tells which block holds the token; that block's slice
-//   is cut into one small piece per thread of the cluster, a scan over the pieces finds the
-//   piece, and its thread walks it.
+// - The draw: each block's candidate mass tells which block holds the token, and that block's
+//   per-warp masses which warp's stretch of the row (the pass that summed the masses read the
+//   slice a warp a stretch: Layout); the block cuts the stretch into one small piece per thread,
+//   a scan over the pieces finds the piece, and its thread walks it.
 // Before Hopper the same code runs with a cluster of one block per row (cluster barriers are
 // block barriers, "remote" shared memory is the block's own).
 //
@@ -111,7 +112,8 @@ struct SampleShared {
     Decision d, stage;              // rank 0's decision as received, and as being written
     u64 sums[3][MAX_CLUSTER];    // every block's slice sums (see slice_sums)
     u64 acc[MAX_CLUSTER];        // rank 0: each block's candidate mass above the list's bin
-    u64 part[MAX_CLUSTER];       // each block's part of the owner's candidate mass
+    u64 warp_kept[MAX_WARPS];    // each warp's candidate mass in its stretch, where a pass knew it
+    u64 warp_list[MAX_WARPS];    // each warp's candidate mass among rank 0's list (rank 0 writes it)
     u64 best[MAX_CLUSTER];       // rank 0: each block's greedy pick
     float maxes[MAX_CLUSTER];    // each block's maximum
     u64 found[2];
@@ -263,15 +265,84 @@ __device__ __forceinline__ float chunk_logit(const bf16*, const uint4 c, int j) 
     return __uint_as_float(j & 1 ? w & 0xffff0000u : w << 16);
 }
 
-// Calls g(index, x, valid) for the logits in [begin, end), shared out among the block's threads
-// in 16-byte chunks: x holds the chunk's logits (16 / sizeof(T) of them) from `index` on, and the
-// first `valid` are the thread's (0 when it has none this turn); the unaligned head and the tail
-// come one logit per thread. Every thread of the block makes the same number of calls, so that g
-// may use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread
-// keeps LOADS_AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over
-// them so that each stays in its own registers: slot a is read, then reloaded with the chunk
-// LOADS_AHEAD turns later. A queue shifted one slot a turn would wait, at the shift, for every
-// load in it, leaving one in flight.
+// One row, as one block of its cluster sees it.
+template <typename T>
+struct Ctx {
+    const T* row;
+    int vocab;
+    int per;  // logits per block (a multiple of 16: aligned 16-byte loads in every slice)
+    int begin, end;
+    u32 rank;
+    int ranks;  // blocks in the cluster
+    u32 row_index;
+    SampleParams p;
+    float max;
+    float scale;  // log2(e) / temperature: weights are 2^((x - max) * scale)
+};
+
+// a / b for 0 <= a < 2^24 and b > 0, with inv = 1.0f / b: a float multiply and one correction
+// instead of an integer division, which the hardware does not have (tens of instructions).
+__device__ __forceinline__ int divide(int a, int b, float inv) {
+    int q = (int)((float)a * inv);
+    q -= q * b > a;
+    q += (q + 1) * b <= a;
+    return q;
+}
+
+// How a block's slice of a row is shared out among its warps: the unaligned head (fewer logits
+// than a 16-byte chunk holds), whole chunks, and the tail. Each warp owns one run of `run`
+// consecutive chunks (a multiple of 32: in each turn a warp reads 32 neighbouring chunks, 512
+// bytes), the first warp also the head and the warp of the last chunk the tail. A warp's logits
+// are thus one stretch of the row, so a pass's per-warp sums say which stretch holds a running
+// sum's crossing (the draw), where sums per thread would not: a thread's chunks are 32 apart.
+// Runs are sized for a full slice, so every block's warps split their slices alike (slices start
+// at multiples of 16 logits, so their heads are alike too), and the last, shorter slice leaves
+// its last warps idle.
+template <typename T>
+struct Layout {
+    static constexpr int V = 16 / sizeof(T);
+    int begin, body, tail, end;  // the head is [begin, body), the chunks [body, tail)
+    int run;                     // chunks a warp owns
+    int last;                    // the warp of the last chunk, which takes the tail too
+    float inv_span;              // 1 / (run * V): a run's logits
+
+    __device__ Layout(const Ctx<T>& c, int rank) {
+        begin = min(c.vocab, rank * c.per);
+        end = min(c.vocab, begin + c.per);
+        const int misaligned = (int)((reinterpret_cast<size_t>(c.row + begin) & 15) / sizeof(T));
+        const int head = misaligned ? V - misaligned : 0;
+        body = min(end, begin + head);
+        const int n = (end - body) / V;
+        tail = body + n * V;
+        const int warps = block_size() >> 5;
+        run = ((max(c.per - head, 0) / V + warps - 1) / warps + 31) / 32 * 32;
+        last = n > 0 ? (n - 1) / run : 0;
+        inv_span = run > 0 ? 1.f / (float)(run * V) : 0.f;
+    }
+    __device__ int chunks() const { return (tail - body) / V; }
+    // The logits warp w reads: [lo, hi), empty past the last warp.
+    __device__ void stretch(int w, int& lo, int& hi) const {
+        lo = w == 0 ? begin : w > last ? end : body + w * run * V;
+        hi = w >= last ? (w == last ? end : lo) : body + (w + 1) * run * V;
+    }
+    // The warp that reads logit i of the slice.
+    __device__ int warp_of(int i) const {
+        return i < body ? 0 : min(divide(i - body, run * V, inv_span), last);
+    }
+};
+
+// Calls g(index, x, valid) for the logits of the block's slice in 16-byte chunks: x holds a
+// chunk's logits (16 / sizeof(T) of them) from `index` on, and the first `valid` are the
+// thread's (0 when it has none this turn); the head and the tail come one logit per thread. With
+// STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
+// draw reads); without, the block reads the slice front to back, its threads side by side in
+// each turn, which keeps its loads in one window of the row (a few percent faster on small
+// batches). Every thread of the block makes the same number of calls, so that g may use
+// warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
+// AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them so that
+// each stays in its own registers: slot a is read, then reloaded with the chunk AHEAD turns
+// later. A queue shifted one slot a turn would wait, at the shift, for every load in it, leaving
+// one in flight.
 #define LOADS_AHEAD 4
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -281,10 +352,12 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-template <typename T, typename G>
-__device__ __forceinline__ void for_each_chunk(const T* row, int begin, int end, G g) {
+template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, typename T, typename G>
+__device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
     constexpr int V = 16 / sizeof(T);
-    const int t = threadIdx.x;
+    const T* row = c.row;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const Layout<T> L(c, c.rank);
     float x[V];
     const auto one_logit = [&](int i, bool ok) {
 #pragma unroll
@@ -292,41 +365,45 @@ __device__ __forceinline__ void for_each_chunk(const T* row, int begin, int end,
         x[0] = ok ? load_logit(row, i) : 0.f;
         g(i, x, ok ? 1 : 0);
     };
-    const int misaligned = (int)((reinterpret_cast<size_t>(row + begin) & 15) / sizeof(T));
-    const int body = min(end, begin + (misaligned ? V - misaligned : 0));
-    if (begin < body) one_logit(begin + t, begin + t < body);
-    const uint4* chunks = reinterpret_cast<const uint4*>(row + body);
-    const int n = (end - body) / V;
+    if (L.begin < L.body) one_logit(L.begin + t, L.begin + t < L.body);
+    const uint4* chunks = reinterpret_cast<const uint4*>(row + L.body);
+    // This thread's chunk in turn 0, the chunks between its turns, the end of its chunks, and the
+    // turns every thread makes.
+    const int first = STRETCHES ? warp * L.run + lane : t;
+    const int stride = STRETCHES ? 32 : block_size();
+    const int stop = STRETCHES ? min(L.chunks(), (warp + 1) * L.run) : L.chunks();
+    const int turns = STRETCHES ? L.run / 32 : (L.chunks() + stride - 1) / stride;
     const uint4 none = make_uint4(0, 0, 0, 0);
-    const int step = block_size();
-    uint4 ahead[LOADS_AHEAD];
+    uint4 ahead[AHEAD];
 #pragma unroll
-    for (int a = 0; a < LOADS_AHEAD; ++a) {
-        const int c = a * step + t;
-        ahead[a] = c < n ? load_stream(chunks + c) : none;
+    for (int a = 0; a < AHEAD; ++a) {
+        const int c = first + stride * a;
+        ahead[a] = c < stop ? load_stream(chunks + c) : none;
     }
 #pragma unroll 1
-    for (int c0 = t; c0 - t < n; c0 += LOADS_AHEAD * step) {
+    for (int r0 = 0; r0 < turns; r0 += AHEAD) {
 #pragma unroll
-        for (int a = 0; a < LOADS_AHEAD; ++a) {
-            const int c = c0 + a * step;
-            if (c - t >= n) break;  // the same turn for every thread
+        for (int a = 0; a < AHEAD; ++a) {
+            if (r0 + a >= turns) break;  // the same turn for every thread
+            const int c = first + stride * (r0 + a);
 #pragma unroll
             for (int j = 0; j < V; ++j) x[j] = chunk_logit(row, ahead[a], j);
-            g(body + c * V, x, c < n ? V : 0);
-            const int next = c + LOADS_AHEAD * step;
-            ahead[a] = next < n ? load_stream(chunks + next) : none;
+            g(L.body + c * V, x, c < stop ? V : 0);
+            const int next = c + stride * AHEAD;
+            ahead[a] = next < stop ? load_stream(chunks + next) : none;
         }
     }
-    const int tail = body + n * V;
-    if (tail < end) one_logit(tail + t, tail + t < end);
+    if (L.tail < L.end) {
+        const int mine = STRETCHES ? t - 32 * L.last : t;  // with stretches, the last warp's lanes
+        one_logit(L.tail + mine, mine >= 0 && L.tail + mine < L.end);
+    }
 }
 
-// Calls f(index, logit, ok) for the logits in [begin, end) as for_each_chunk shares them out,
+// Calls f(index, logit, ok) for the logits of the block's slice as for_each_chunk shares them out,
 // logit by logit (ok false where the thread has none).
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int begin, int end, F f) {
-    for_each_chunk(row, begin, end, [&](int i, const float* x, int valid) {
+template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const Ctx<T>& c, F f) {
+    for_each_chunk<STRETCHES, AHEAD>(c, [&](int i, const float* x, int valid) {
 #pragma unroll
         for (int j = 0; j < 16 / (int)sizeof(T); ++j) f(i + j, x[j], j < valid);
     });
@@ -547,21 +624,6 @@ __device__ u64 list_sum(SampleShared& s, int n, F f) {
     return block_sum_u64(sum, s);
 }
 
-// One row, as one block of its cluster sees it.
-template <typename T>
-struct Ctx {
-    const T* row;
-    int vocab;
-    int per;  // logits per block (a multiple of 16: aligned 16-byte loads in every slice)
-    int begin, end;
-    u32 rank;
-    int ranks;  // blocks in the cluster
-    u32 row_index;
-    SampleParams p;
-    float max;
-    float scale;  // log2(e) / temperature: weights are 2^((x - max) * scale)
-};
-
 // Which logits a selection counts, and what it must reach.
 struct Query {
     bool strict;      // only keys > floor
@@ -622,7 +684,7 @@ __device__ void build_histogram(const Ctx<T>& c, SampleShared& s, int shift, int
     const float mx = c.max, scale = c.scale;
     const bool strict = q.strict;
     const u32 floor = q.floor;
-    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+    for_each_logit(c, [&](int, float x, bool ok) {
         const u32 key = order_key(x);
         const bool take = ok && (key & mask) == prefix && (!strict || key > floor);
         u64 w = 1;
@@ -660,7 +722,7 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
 template <typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
     constexpr int V = 16 / sizeof(T);
-    for_each_chunk(c.row, c.begin, c.end, [&](int i, const float* x, int valid) {
+    for_each_chunk<true>(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -773,7 +835,7 @@ __device__ u32 filter_top_k(const Ctx<T>& c, u64* seg, int capacity, u32* block_
     int n = 0;
     bool full = false;
     float m = neg_inf();
-    for_each_chunk(c.row, c.begin, c.end, [&](int i, const float* x, int valid) {
+    for_each_chunk(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -893,13 +955,14 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
 }
 
 // This block's count and mass of the logits with key > `key`, and count of those at `key`,
-// written into every block's s.sums[.][rank] (the caller's cluster barrier follows).
+// written into every block's s.sums[.][rank] (the caller's cluster barrier follows); each warp's
+// candidate mass, counting a logit at `key` as `w_at`, into s.warp_kept.
 template <typename T>
-__device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
+__device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key, u64 w_at) {
     const float mx = c.max, scale = c.scale;
     u32 count = 0, at = 0;
     u64 mass = 0;
-    for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+    for_each_logit<true>(c, [&](int, float x, bool ok) {
         const u32 k = order_key(x);
         const bool above = ok && k > key;
         const u64 w = fixed_weight(x, mx, scale);  // for every logit: no branch a logit
@@ -907,6 +970,11 @@ __device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
         mass += above ? w : 0ull;
         at += ok && k == key;
     });
+    const u64 warp_mass = warp_sum_u64(mass), warp_at = warp_sum_u64(at);
+    if ((threadIdx.x & 31) == 0) {
+        s.warp_kept[threadIdx.x >> 5] = warp_mass + warp_at * w_at;
+        s.warp_list[threadIdx.x >> 5] = 0;
+    }
     const u64 counted = block_sum_u64(count, s);
     mass = block_sum_u64(mass, s);
     const u64 at_key = block_sum_u64(at, s);
@@ -918,27 +986,44 @@ __device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key) {
 }
 
 // Rank 0, after a weighted selection resolved in its list (the list holds the crossing bin's
-// logits, s.acc each other block's mass above that bin): each block's candidate mass.
+// logits, s.acc each other block's mass above that bin): each block's candidate mass, and into
+// each block's s.warp_list the mass of the list's candidates that each of its warps reads (the
+// caller's cluster barrier follows).
 template <typename T>
 __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, int n, u64 above, float threshold) {
     u32* lo = s.small;
     u32* hi = s.small + LIST_BINS;
+    const int warps = block_size() >> 5;  // ranks * warps <= 64 bins: 8 x 8, 2 x 16, 1 x 32
+    // Every slice before the one that holds the row's end is laid out as the first.
+    const int final_rank = (c.vocab - 1) / c.per;
+    const Layout<T> full(c, 0), final(c, final_rank);
+    const float inv_per = 1.f / (float)c.per;
     for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += block_size()) {
         const u64 e = s.list[j];
         const float x = key_value((u32)(e >> 32));
-        if (x >= threshold)
-            hist_add<true>(lo, hi, (u32)e / c.per, fixed_weight(x, c.max, c.scale));
+        const int i = (int)(u32)e, r = divide(i, c.per, inv_per), from = r * c.per;
+        const int w = r == final_rank ? final.warp_of(i) : full.warp_of(i - from);
+        if (x >= threshold) hist_add<true>(lo, hi, r * warps + w, fixed_weight(x, c.max, c.scale));
+    }
+    __syncthreads();
+    // Warp r sums block r's bins, a lane a warp (a cluster has no more blocks than a block warps).
+    const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+    if (r < c.ranks) {
+        const u64 listed = lane < warps ? hist_mass<true>(lo, hi, r * warps + lane) : 0ull;
+        if (lane < warps) store_remote(remote(&s.warp_list[lane], r), listed);
+        const u64 block_listed = warp_sum_u64(listed);
+        if (lane == 0) s.scratch[r] = block_listed;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         u64 others = 0;
-        for (int r = 1; r < c.ranks; ++r) {
-            s.stage.kept[r] = s.acc[r] + hist_mass<true>(lo, hi, r);
-            others += s.acc[r];
+        for (int b = 1; b < c.ranks; ++b) {
+            s.stage.kept[b] = s.acc[b] + s.scratch[b];
+            others += s.acc[b];
         }
-        s.stage.kept[0] = above - others + hist_mass<true>(lo, hi, 0);
+        s.stage.kept[0] = above - others + s.scratch[0];
     }
 }
 
@@ -1340,11 +1425,15 @@ __device__ __forceinline__ void walk_piece(const T* row, int begin, int end, F f
 }
 
 // The token, from every block's candidate mass (s.d.kept, the same in every block): the first
-// candidate in vocabulary order at which the running mass exceeds target. The block whose slice
-// holds it is found from the masses; that slice is cut into one piece per thread of the cluster
-// (whole 16-byte chunks), a scan over the cluster finds the piece, and its thread walks it.
+// candidate in vocabulary order at which the running mass exceeds target. The masses tell which
+// block holds it, and that block's warp masses (s.warp_kept plus s.warp_list where `warps_known`,
+// else from a pass over its slice now) which warp's stretch; the block cuts that stretch into one
+// piece per thread (whole 16-byte chunks), a scan finds the piece, and its thread walks it. A
+// stretch is a warp's share of a block's slice, a few thousand logits where the slice has tens of
+// thousands.
 template <typename T>
-__device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, u32* out) {
+__device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, bool warps_known,
+                                  u32* out) {
     constexpr int V = 16 / sizeof(T);
     u64 total = 0;
     for (int r = 0; r < c.ranks; ++r) total += s.d.kept[r];
@@ -1353,11 +1442,7 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     int owner = 0;
     u64 before = 0;
     while (target >= before + s.d.kept[owner]) before += s.d.kept[owner++];
-    const int ob = min(c.vocab, owner * c.per), oe = min(c.vocab, ob + c.per);
-    const int threads = c.ranks * block_size();
-    const int piece = ((oe - ob + threads - 1) / threads + V - 1) / V * V;
-    const int lb = min(oe, ob + (int)(c.rank * block_size() + threadIdx.x) * piece);
-    const int le = min(oe, lb + piece);
+    if ((int)c.rank != owner) return;
     const float mx = c.max, scale = c.scale;
     const auto weights = [=](const float* x, int valid, u64* w) {
         u64 sum = 0;
@@ -1369,17 +1454,40 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
         }
         return sum;
     };
+    const int warps = block_size() >> 5;
+    if (!warps_known) {
+        u64 mine = 0;
+        for_each_chunk<true>(c, [&](int, const float* x, int valid) {
+            u64 w[V];
+            mine += weights(x, valid, w);
+        });
+        mine = warp_sum_u64(mine);
+        if ((threadIdx.x & 31) == 0) {
+            s.warp_kept[threadIdx.x >> 5] = mine;
+            s.warp_list[threadIdx.x >> 5] = 0;
+        }
+    }
+    __syncthreads();  // the warp masses are in place
+    int stretch = 0;
+    while (stretch < warps - 1 &&
+           target >= before + s.warp_kept[stretch] + s.warp_list[stretch]) {
+        before += s.warp_kept[stretch] + s.warp_list[stretch];
+        ++stretch;
+    }
+    int lo, hi;
+    Layout<T>(c, c.rank).stretch(stretch, lo, hi);
+    const int threads = block_size();
+    const int piece = ((hi - lo + threads - 1) / threads + V - 1) / V * V;
+    const int lb = min(hi, lo + (int)threadIdx.x * piece);
+    const int le = min(hi, lb + piece);
     u64 mine = 0;
     walk_piece(c.row, lb, le, [&](int, const float* x, int valid) {
         u64 w[V];
         mine += weights(x, valid, w);
         return false;
     });
-    u64 block_total;
-    u64 run = before + block_exclusive_scan(mine, block_total, s);
-    if (threadIdx.x < c.ranks) store_remote(remote(&s.part[c.rank], threadIdx.x), block_total);
-    cluster_sync();
-    for (int r = 0; r < (int)c.rank; ++r) run += s.part[r];
+    u64 stretch_total;
+    u64 run = before + block_exclusive_scan(mine, stretch_total, s);
     if (target < run || target >= run + mine) return;
     // Running weight only grows at candidates, so the first index past target is one.
     walk_piece(c.row, lb, le, [&](int i, const float* x, int valid) {
@@ -1409,7 +1517,7 @@ template <typename T>
 __device__ void argmax(const Ctx<T>& c, SampleShared& s, u32* out) {
     float top = neg_inf();
     int at = -1;
-    for_each_logit(c.row, c.begin, c.end, [&](int i, float x, bool ok) {
+    for_each_logit(c, [&](int i, float x, bool ok) {
         const bool better = ok && x > top;  // false for NaN, and for -inf
         top = better ? x : top;
         at = better ? i : at;
@@ -1478,18 +1586,19 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     if (filter) {
         threshold = filter_top_k(c, segment, capacity, &s.block_floor, mx, segment_count);
     } else if (top_k_on) {
-        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        for_each_logit(c, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
             warp_hist_add<false>(s.hist, nullptr, order_key(x) >> 20, 1, ok);
         });
     } else if (top_p_on) {
         const float scale = c.scale, unit = guess_unit(vocab);
-        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        for_each_logit(c, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
             guess_add(s, x, ok, scale, unit);
         });
     } else {
-        for_each_logit(c.row, c.begin, c.end, [&](int, float x, bool ok) {
+        // The maximum alone does too little a logit to hide four loads' wait: eight in flight.
+        for_each_logit<false, 8>(c, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
         });
     }
@@ -1542,27 +1651,27 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             return;
         }
         const u32 k_key = cluster_select<T, false>(c, s, Query{false, 0, k, false}, true);
-        slice_sums(c, s, k_key);
+        const u64 w_k = fixed_weight(key_value(k_key), mx, c.scale);
+        slice_sums(c, s, k_key, w_k);
         cluster_sync();
         u64 count_gt = 0, sum_gt = 0;
         for (int r = 0; r < c.ranks; ++r) {
             count_gt += s.sums[0][r];
             sum_gt += s.sums[1][r];
         }
-        const u64 w_k = fixed_weight(key_value(k_key), mx, c.scale);
         const u64 total = sum_gt + (k - count_gt) * w_k;
         if (top_p_on) {
             const u64 need = top_p_need(c.p.top_p, total);
             if (sum_gt >= need) {
                 const u32 key = cluster_select<T, true>(c, s, Query{true, k_key, need, false}, false);
-                draw(c, s, key_value(key), out);
+                draw(c, s, key_value(key), false, out);
                 return;
             }
         }
         // Candidates: the logits above the k-th key, and those at it.
         if (threadIdx.x < c.ranks) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x] + s.sums[2][threadIdx.x] * w_k;
         __syncthreads();
-        draw(c, s, key_value(k_key), out);
+        draw(c, s, key_value(k_key), true, out);
     } else if (top_p_on) {
         if (c.rank == 0) {
             guess_top_p_bins(s, mx, c.scale, guess_unit(vocab), c.p.top_p);
@@ -1584,6 +1693,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
                     total += w;
                     above += x > hi ? w : 0ull;
                 });
+            const u64 warp_above = warp_sum_u64(above);  // the list adds the rest (kept_from_list)
+            if ((threadIdx.x & 31) == 0) s.warp_kept[threadIdx.x >> 5] = warp_above;
             above = block_sum_u64(above, s);
             total = block_sum_u64(total, s);
             if (threadIdx.x == 0) {
@@ -1604,13 +1715,13 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         }
         const u32 key = resolved ? s.d.key
                                  : cluster_select<T, true>(c, s, Query{false, 0, 0, true}, false);
-        draw(c, s, key_value(key), out);
+        draw(c, s, key_value(key), resolved, out);
     } else {
-        slice_sums(c, s, 0);  // key 0 is a NaN's: every other logit counts
+        slice_sums(c, s, 0, 0);  // key 0 is a NaN's: every other logit counts
         cluster_sync();
         if (threadIdx.x < c.ranks) s.d.kept[threadIdx.x] = s.sums[1][threadIdx.x];
         __syncthreads();
-        draw(c, s, neg_inf(), out);
+        draw(c, s, neg_inf(), true, out);
     }
 }
 
