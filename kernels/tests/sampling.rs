@@ -341,6 +341,34 @@ fn top_p_at_low_temperatures_in_wide_bins() {
 }
 
 #[test]
+fn top_p_where_the_guessed_bins_end_below_zero() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(41);
+    // A twentieth of each row is -0.0, a twentieth tiny negative denormals (the 12-bit bin just
+    // below +0's), the rest below -1. The first pass's guess counts -0.0 in that bin too, so the
+    // guessed bins end there for top-p 0.15 and 0.3 (the two twentieths hold about 20% of the
+    // mass each, few enough to gather): the second pass must then compare with the negative
+    // float nearest zero, not with -0.0, which as a float equals the zeros it must leave out
+    // (as keys they lie above the bin).
+    let (rows, vocab) = (12, 30_000);
+    let logits: Vec<f32> = rng
+        .normals(rows * vocab, 1.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| match i % 20 {
+            0 => -0.0,
+            1 => -1e-42 * (1 + i % 1000) as f32,
+            _ => -x.abs() - 1.0,
+        })
+        .collect();
+    let top_ps = [0.15, 0.3, 0.97];
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|i| SampleParams::new(1.0, -1, top_ps[i % 3], rng.next_u64(), i as u64))
+        .collect();
+    assert_draws_match(&gpu, "-0.0, denormals, below -1", &logits, &params, vocab);
+}
+
+#[test]
 fn small_and_unaligned_vocabularies() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(34);

@@ -271,7 +271,6 @@ struct Ctx {
     const T* row;
     int vocab;
     int per;  // logits per block (a multiple of 16: aligned 16-byte loads in every slice)
-    int begin, end;
     u32 rank;
     int ranks;  // blocks in the cluster
     u32 row_index;
@@ -280,8 +279,9 @@ struct Ctx {
     float scale;  // log2(e) / temperature: weights are 2^((x - max) * scale)
 };
 
-// a / b for 0 <= a < 2^24 and b > 0, with inv = 1.0f / b: a float multiply and one correction
-// instead of an integer division, which the hardware does not have (tens of instructions).
+// a / b for 0 <= a < 2^24 and b > 0, with inv = 1.0f / b: a float multiply, off by at most one,
+// and a correction either way, instead of an integer division, which the hardware does not have
+// (tens of instructions).
 __device__ __forceinline__ int divide(int a, int b, float inv) {
     int q = (int)((float)a * inv);
     q -= q * b > a;
@@ -336,8 +336,8 @@ struct Layout {
 // thread's (0 when it has none this turn); the head and the tail come one logit per thread. With
 // STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
 // draw reads); without, the block reads the slice front to back, its threads side by side in
-// each turn, which keeps its loads in one window of the row (a few percent faster on small
-// batches). Every thread of the block makes the same number of calls, so that g may use
+// each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
+// rows took about 4 us less). Every thread of the block makes the same number of calls, so that g may use
 // warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
 // AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them so that
 // each stays in its own registers: slot a is read, then reloaded with the chunk AHEAD turns
@@ -715,14 +715,15 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
 // other block reserves its run of rank 0's list with one atomic on rank 0's count and copies it
 // there: an atomic on another block's shared memory waits for an answer from another SM, which
 // one a thread would wait for again and again. The list's order is not the row's. Entries past
-// the list's end are counted, not written. `see(x, ok)` is called for every logit on the way.
+// the list's end are counted, not written. `see(x, ok)` is called for every logit on the way;
+// with STRETCHES the block reads its slice a warp a stretch (for_each_chunk).
 // The block's list_count must be 0 (rank 0's as the selection's decision leaves it); the other
 // blocks leave theirs at 0 and zero the entries they used, so a histogram that was clear under
 // them is again.
-template <typename T, typename Take, typename See>
+template <bool STRETCHES = false, typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
     constexpr int V = 16 / sizeof(T);
-    for_each_chunk<true>(c, [&](int i, const float* x, int valid) {
+    for_each_chunk<STRETCHES>(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -1027,6 +1028,17 @@ __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, in
     }
 }
 
+// The float to compare logits with where a bin range ends at key k (its first or last key): x >=
+// range_end(first) and x <= range_end(last) exactly when the key of a non-NaN x is in the range.
+// The key just below +0's belongs to no float (-0 shares +0's key), so a range that ends there
+// ends at the negative float nearest zero; keys past +inf's and below -inf's are NaN patterns,
+// so a range that ends among them ends at the infinity.
+__device__ __forceinline__ float range_end(u32 k) {
+    if (k == 0x7FFFFFFFu) return __uint_as_float(0x80000001u);
+    const float x = key_value(k);
+    return x == x ? x : k >> 31 ? -neg_inf() : neg_inf();
+}
+
 // Top-p without top-k in two passes over the row, where the general selection takes four
 // (maximum, weighted histogram, gathering, draw): pass 1 guesses the mass of every 12-bit bin while
 // it finds the maximum, pass 2 gathers the bins that may hold the crossing while it sums the exact
@@ -1047,7 +1059,7 @@ __device__ __forceinline__ float guess_unit(int vocab) {
 // Pass 1: logit x added to its bin's guess, nothing where `ok` is false. The bin and its edge come
 // straight from the float's bits, the sign spread into a mask: -0 falls in the bin below +0's,
 // and an infinite or NaN logit's term is 0 (its edge is itself, or NaN), which the guess can
-// afford where an exact key could not. No branch: a chunk's four logits interleave.
+// afford where an exact key could not. No branch: a chunk's logits interleave.
 __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale, float unit) {
     const u32 b = __float_as_uint(x);
     const u32 negative = (u32)((int)b >> 31);
@@ -1545,8 +1557,6 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     c.vocab = vocab;
     c.ranks = cluster_ranks();
     c.per = ((vocab + c.ranks - 1) / c.ranks + 15) / 16 * 16;
-    c.begin = min(vocab, (int)c.rank * c.per);
-    c.end = min(vocab, c.begin + c.per);
     c.p = params[c.row_index];
     c.max = 0.f;
     c.scale = LOG2E / c.p.temperature;
@@ -1683,9 +1693,9 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
             // Compared as floats, which order as their keys do (a NaN, weighing 0, is in neither).
             const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
-            const float lo = key_value(lo_key), hi = key_value(hi_key), scale = c.scale;
+            const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
-            gather_into_rank0(
+            gather_into_rank0<true>(
                 c, s, [=](float x) { return x >= lo && x <= hi; },
                 [&](float x, bool ok) {
                     const u64 weight = fixed_weight(x, mx, scale);
