@@ -547,6 +547,7 @@ struct Found {
     u64 above;  // `above` plus the bins above `bin`
     u64 mass;   // the bin's own
     u64 need;
+    u64 total;  // the histogram's
 };
 
 // The bin at which the running mass (or count) of the histogram, from the top bin down and
@@ -583,19 +584,21 @@ __device__ Found find_crossing(const u32* lo, const u32* hi, int nbins, u64 abov
         s.found[0] = above + total - s.found[1];
     }
     __syncthreads();
-    return Found{s.found_bin, s.found[0], s.found[1], need};
+    return Found{s.found_bin, s.found[0], s.found[1], need, total};
 }
 
 // Rank 0: the largest logit key v such that the first `n` list entries (key << 32 | index) with
 // key >= v weigh at least `need`, one byte of the key at a time (256-bin histograms of the
 // list). Every entry's key starts with `prefix` (the bits under `mask`): whole bytes of it are
-// skipped.
+// skipped. `listed` gets the weight of all n entries (the first round's histogram holds them
+// all); where it falls short of `need`, the key is meaningless.
 template <typename W>
 __device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, u32 prefix, u32 mask,
-                                        W weight) {
+                                        W weight, u64& listed) {
     u32* lo = s.small;
     u32* hi = s.small + LIST_BINS;
     u64 above = 0;
+    bool first = true;
     for (int shift = 24; shift >= 0; shift -= 8) {
         if ((mask >> shift & 255u) == 255u) continue;
         for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
@@ -609,6 +612,8 @@ __device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, u32 pr
         }
         __syncthreads();
         const Found f = find_crossing<true>(lo, hi, LIST_BINS, above, [=](u64) { return need; }, s);
+        if (first) listed = f.total;
+        first = false;
         prefix |= f.bin << shift;
         mask |= 255u << shift;
         above = f.above;
@@ -1093,18 +1098,24 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
         s.stage.key = SAMPLE_BINS - 1;  // the need minus the margin is nothing
         s.list_count = 0;
     }
-    u64 mine = 0;
-    for (int j = 0; j < per; ++j) mine += mass(top - j);
+    // Each of the thread's bins weighed once (at most 16: a block has at least 256 threads).
+    constexpr int MOST = SAMPLE_BINS / 256;
+    u64 m[MOST], mine = 0;
+#pragma unroll
+    for (int j = 0; j < MOST; ++j) {
+        m[j] = j < per ? mass(top - j) : 0ull;
+        mine += m[j];
+    }
     u64 total;
     u64 run = block_exclusive_scan(mine, total, s);
     const u64 margin = total >> 11;
     const u64 need = (u64)((double)top_p * (double)total);
     const u64 need_lo = need - min(need, margin), need_hi = need + margin;
-    for (int j = 0; j < per; ++j) {
-        const u64 m = mass(top - j);
-        if (run < need_hi && run + m >= need_hi) s.stage.bin = top - j;
-        if (run < need_lo && run + m >= need_lo) s.stage.key = top - j;
-        run += m;
+#pragma unroll
+    for (int j = 0; j < MOST; ++j) {
+        if (j < per && run < need_hi && run + m[j] >= need_hi) s.stage.bin = top - j;
+        if (j < per && run < need_lo && run + m[j] >= need_lo) s.stage.key = top - j;
+        run += m[j];
     }
     if (threadIdx.x == 0) {
         const float max_term = fast_exp2((mx - bin_edge(order_key(mx))) * scale) * unit;
@@ -1132,14 +1143,15 @@ __device__ __noinline__ void check_top_p_guess(const Ctx<T>& c, SampleShared& s,
     const float mx = c.max, scale = c.scale;
     const auto weight = [=](u64 e) { return fixed_weight(key_value((u32)(e >> 32)), mx, scale); };
     bool held = n <= SAMPLE_LIST && above < need;
-    if (held) held = above + list_sum(s, n, weight) >= need;
     u32 key = 0;
     if (held) {
         // The keys of the guessed bins share their top bits: list_select skips whole bytes of them.
         const int common = __clz(lo_key ^ hi_key);
         const u32 mask = common ? ~0u << (32 - common) : 0u;
-        key = list_select(s, n, need - above, lo_key & mask, mask, weight);
-        kept_from_list(c, s, n, above, key_value(key));
+        u64 listed = 0;
+        key = list_select(s, n, need - above, lo_key & mask, mask, weight, listed);
+        held = above + listed >= need;
+        if (held) kept_from_list(c, s, n, above, key_value(key));
     }
     if (threadIdx.x == 0) {
         s.stage.resolved = held;
@@ -1218,10 +1230,14 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
                 const int n = (int)s.list_count;
                 if (n <= SAMPLE_LIST) {
                     const float mx = c.max, scale = c.scale;
-                    const u32 key = list_select(s, n, q.need - above, pre, msk, [=](u64 e) {
-                        return WEIGHTED ? fixed_weight(key_value((u32)(e >> 32)), mx, scale)
-                                        : 1ull;
-                    });
+                    u64 listed;  // the bin's whole count or mass, which the histogram said reaches
+                    const u32 key = list_select(
+                        s, n, q.need - above, pre, msk,
+                        [=](u64 e) {
+                            return WEIGHTED ? fixed_weight(key_value((u32)(e >> 32)), mx, scale)
+                                            : 1ull;
+                        },
+                        listed);
                     if (WEIGHTED) kept_from_list(c, s, n, above, key_value(key));
                     if (threadIdx.x == 0) {
                         s.stage.resolved = 1;
