@@ -113,7 +113,7 @@ struct SampleShared {
     u64 sums[3][MAX_CLUSTER];    // every block's slice sums (see slice_sums)
     u64 acc[MAX_CLUSTER];        // rank 0: each block's candidate mass above the list's bin
     u64 warp_kept[MAX_WARPS];    // each warp's candidate mass in its stretch, where a pass knew it
-    u64 warp_list[MAX_WARPS];    // each warp's candidate mass among rank 0's list (rank 0 writes it)
+    u64 warp_list[MAX_WARPS];    // each warp's candidate mass in rank 0's list (rank 0's)
     u64 best[MAX_CLUSTER];       // rank 0: each block's greedy pick
     float maxes[MAX_CLUSTER];    // each block's maximum
     u64 found[2];
@@ -337,12 +337,12 @@ struct Layout {
 // STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
 // draw reads); without, the block reads the slice front to back, its threads side by side in
 // each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
-// rows took about 4 us less). Every thread of the block makes the same number of calls, so that g may use
-// warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread keeps
-// AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them so that
-// each stays in its own registers: slot a is read, then reloaded with the chunk AHEAD turns
-// later. A queue shifted one slot a turn would wait, at the shift, for every load in it, leaving
-// one in flight.
+// rows took about 4 us less). Every thread of the block makes the same number of calls, so that
+// g may use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread
+// keeps AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them
+// so that each stays in its own registers: slot a is read, then reloaded with the chunk AHEAD
+// turns later. A queue shifted one slot a turn would wait, at the shift, for every load in it,
+// leaving one in flight.
 #define LOADS_AHEAD 4
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -726,7 +726,8 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
 // blocks leave theirs at 0 and zero the entries they used, so a histogram that was clear under
 // them is again.
 template <bool STRETCHES = false, typename T, typename Take, typename See>
-__device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take, See see) {
+__device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take,
+                                                  See see) {
     constexpr int V = 16 / sizeof(T);
     for_each_chunk<STRETCHES>(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
@@ -1065,7 +1066,8 @@ __device__ __forceinline__ float guess_unit(int vocab) {
 // straight from the float's bits, the sign spread into a mask: -0 falls in the bin below +0's,
 // and an infinite or NaN logit's term is 0 (its edge is itself, or NaN), which the guess can
 // afford where an exact key could not. No branch: a chunk's logits interleave.
-__device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale, float unit) {
+__device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale,
+                                          float unit) {
     const u32 b = __float_as_uint(x);
     const u32 negative = (u32)((int)b >> 31);
     const u32 bin = (b ^ (negative | 0x80000000u)) >> 20;
@@ -1460,8 +1462,8 @@ __device__ __forceinline__ void walk_piece(const T* row, int begin, int end, F f
 // stretch is a warp's share of a block's slice, a few thousand logits where the slice has tens of
 // thousands.
 template <typename T>
-__device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold, bool warps_known,
-                                  u32* out) {
+__device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float threshold,
+                                  bool warps_known, u32* out) {
     constexpr int V = 16 / sizeof(T);
     u64 total = 0;
     for (int r = 0; r < c.ranks; ++r) total += s.d.kept[r];
@@ -1671,7 +1673,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         cluster_sync();
         if (s.d.above + s.d.mass <= SORT_LIST) {
             const u32 low = s.d.bin << 20;
-            gather_into_rank0(c, s, [=](float x) { return order_key(x) >= low; }, [](float, bool) {});
+            gather_into_rank0(
+                c, s, [=](float x) { return order_key(x) >= low; }, [](float, bool) {});
             cluster_sync();
             if (c.rank == 0) finish_in_list(c, s, out);
             return;
