@@ -315,8 +315,8 @@ fn flat_and_peaked_logits_on_every_path() {
 fn top_p_at_low_temperatures_in_wide_bins() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(40);
-    // Logits around 20, where a 12-bit bin is 2 wide, at temperatures of 0.1-0.3: a logit's
-    // term against its bin's edge can round to nothing, and top-p's first-pass guess gives way
+    // Logits around 20, where a bin of the first pass's guess (13 bits) is 1 wide, at
+    // temperatures of 0.1-0.3: a logit's term against its bin's edge can round to nothing, and top-p's first-pass guess gives way
     // to the exact selection; 0.9999 puts the need within the guess's margin of the total.
     let (rows, vocab) = (24, 151_936);
     let logits: Vec<f32> = rng
@@ -344,7 +344,7 @@ fn top_p_at_low_temperatures_in_wide_bins() {
 fn top_p_where_the_guessed_bins_end_below_zero() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(41);
-    // A twentieth of each row is -0.0, a twentieth tiny negative denormals (the 12-bit bin just
+    // A twentieth of each row is -0.0, a twentieth tiny negative denormals (the guess's bin just
     // below +0's), the rest below -1. The first pass's guess counts -0.0 in that bin too, so the
     // guessed bins end there for top-p 0.15 and 0.3 (the two twentieths hold about 20% of the
     // mass each, few enough to gather): the second pass must then compare with the negative

@@ -74,7 +74,9 @@
 #define FILTER_LIST 2560     // the filter's gathered top-k list: the list's first half (the second
                              // is cut_list's scratch)
 #define SEGMENT_PER_LANE 10  // a warp's segment holds at most 32 x this many entries
-#define LIST_BINS 256        // rank 0 selects within its list one byte at a time
+#define SMALL_BINS 256       // rank 0's small histograms (s.small): a byte of the keys
+#define LIST_BITS 10         // list_select's rounds where their histogram fits after the list
+#define LIST_BINS (1 << LIST_BITS)
 #define SMALL_LIST 256       // a list this short is finished without sorting (finish_small): at
                              // most a block's threads, one entry each
 #define FIXED_ONE 1099511627776.0f  // 2^40
@@ -102,12 +104,12 @@ struct Decision {
 };
 #define DECISION_WORDS (sizeof(Decision) / 8)
 
-struct SampleShared {
+struct alignas(16) SampleShared {  // aligned for 16-byte accesses to the histogram
     union {
         u32 hist[2 * SAMPLE_BINS];  // counts, or the low then the high 32 bits of masses
         u64 list[SAMPLE_LIST];      // rank 0's gathered logits: key << 32 | index
     };
-    u32 small[2 * LIST_BINS];       // rank 0's histogram over its list
+    u32 small[2 * SMALL_BINS];      // rank 0's histograms over its list
     u64 scratch[MAX_WARPS];
     Decision d, stage;              // rank 0's decision as received, and as being written
     u64 sums[3][MAX_CLUSTER];    // every block's slice sums (see slice_sums)
@@ -510,22 +512,29 @@ __device__ __forceinline__ void warp_hist_add(u32* lo, u32* hi, u32 bin, u64 c, 
 }
 
 // Adds this block's histogram into rank 0's (rank 0 builds into its own, the merge target).
-// Only non-zero bins travel.
+// Only non-zero bins travel; each thread reads four bins at a time.
 template <bool WEIGHTED>
 __device__ void merge_into_rank0(SampleShared& s, int nbins, u32 rank) {
     if (rank == 0) return;
     __syncthreads();  // this block's histogram is complete
     const u32 lo0 = remote(s.hist, 0), hi0 = remote(s.hist + SAMPLE_BINS, 0);
-    for (int b = threadIdx.x; b < nbins; b += block_size()) {
-        const u32 lo = s.hist[b], hi = WEIGHTED ? s.hist[SAMPLE_BINS + b] : 0u;
-        if (lo == 0 && hi == 0) continue;
-        if (!WEIGHTED) {
-            add_remote(lo0 + 4 * b, lo);
-            continue;
+    const uint4* lo4 = reinterpret_cast<const uint4*>(s.hist);
+    const uint4* hi4 = reinterpret_cast<const uint4*>(s.hist + SAMPLE_BINS);
+    for (int q = threadIdx.x; q < nbins / 4; q += block_size()) {
+        const uint4 l = lo4[q], h = WEIGHTED ? hi4[q] : make_uint4(0, 0, 0, 0);
+        const u32 los[4] = {l.x, l.y, l.z, l.w}, his[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 lo = los[j], hi = his[j], at = 4 * (4 * q + j);
+            if (lo == 0 && hi == 0) continue;
+            if (!WEIGHTED) {
+                add_remote(lo0 + at, lo);
+                continue;
+            }
+            const u32 old = atomic_add_remote(lo0 + at, lo);
+            const u32 high = hi + (old + lo < old ? 1u : 0u);
+            if (high) add_remote(hi0 + at, high);
         }
-        const u32 old = atomic_add_remote(lo0 + 4 * b, lo);
-        const u32 high = hi + (old + lo < old ? 1u : 0u);
-        if (high) add_remote(hi0 + 4 * b, high);
     }
 }
 
@@ -539,7 +548,9 @@ __device__ u64 local_mass(SampleShared& s, int from, int to) {
 }
 
 __device__ __forceinline__ void clear_histogram(SampleShared& s) {
-    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += block_size()) s.hist[b] = 0;
+    uint4* words = reinterpret_cast<uint4*>(s.hist);
+    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS / 4; b += block_size())
+        words[b] = make_uint4(0, 0, 0, 0);
 }
 
 struct Found {
@@ -588,35 +599,44 @@ __device__ Found find_crossing(const u32* lo, const u32* hi, int nbins, u64 abov
 }
 
 // Rank 0: the largest logit key v such that the first `n` list entries (key << 32 | index) with
-// key >= v weigh at least `need`, one byte of the key at a time (256-bin histograms of the
-// list). Every entry's key starts with `prefix` (the bits under `mask`): whole bytes of it are
-// skipped. `listed` gets the weight of all n entries (the first round's histogram holds them
-// all); where it falls short of `need`, the key is meaningless.
+// key >= v weigh at least `need`, a few bits of the key at a time (histograms of the list). Every
+// entry's key starts with `prefix` (the top bits, under `mask`): the rounds start just below it,
+// where the entries' keys begin to differ, so the first round spreads them over all its bins
+// (rounds at whole bytes left most of the first one's bins empty and its atomics queued on the
+// few others). A round takes LIST_BITS bits where its histogram fits in the list's memory after
+// the entries (two rounds for the bits under a bin of top-p's guess), else a byte in s.small.
+// `listed` gets the weight of all n entries (the first round's histogram holds them all); where
+// it falls short of `need`, the key is meaningless.
 template <typename W>
 __device__ __noinline__ u32 list_select(SampleShared& s, int n, u64 need, u32 prefix, u32 mask,
                                         W weight, u64& listed) {
-    u32* lo = s.small;
-    u32* hi = s.small + LIST_BINS;
+    const bool wide = n <= SAMPLE_LIST - LIST_BINS;
+    const int most = wide ? LIST_BITS : 8, nbins = 1 << most;
+    u32* lo = wide ? reinterpret_cast<u32*>(s.list + SAMPLE_LIST - LIST_BINS) : s.small;
+    u32* hi = lo + nbins;
     u64 above = 0;
     bool first = true;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        if ((mask >> shift & 255u) == 255u) continue;
-        for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
+    for (int low = 32 - __popc(mask); low > 0;) {
+        const int width = min(low, most), shift = low - width;
+        const u32 bins = (1u << width) - 1;
+        for (int b = threadIdx.x; b < 2 * nbins; b += block_size()) lo[b] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size()) {
             const u64 e = s.list[j];
             const u32 k = (u32)(e >> 32);
             if ((k & mask) != prefix) continue;
             const u64 w = weight(e);
-            if (w) hist_add<true>(lo, hi, (k >> shift) & 255, w);
+            if (w) hist_add<true>(lo, hi, (k >> shift) & bins, w);
         }
         __syncthreads();
-        const Found f = find_crossing<true>(lo, hi, LIST_BINS, above, [=](u64) { return need; }, s);
+        const Found f =
+            find_crossing<true>(lo, hi, (int)bins + 1, above, [=](u64) { return need; }, s);
         if (first) listed = f.total;
         first = false;
         prefix |= f.bin << shift;
-        mask |= 255u << shift;
+        mask |= bins << shift;
         above = f.above;
+        low = shift;
     }
     return prefix;
 }
@@ -936,13 +956,13 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
         lo = ~(u32)block_max_u64(lo, s);
         if (hi == lo) break;
         const int shift = max(0, 31 - __clz((u32)(hi ^ lo)) - 7);
-        for (int b = threadIdx.x; b < LIST_BINS; b += block_size()) s.small[b] = 0;
+        for (int b = threadIdx.x; b < SMALL_BINS; b += block_size()) s.small[b] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size())
-            atomicAdd(&s.small[(u32)(s.list[j] >> (32 + shift)) & 255u], 1u);
+            atomicAdd(&s.small[(u32)(s.list[j] >> (32 + shift)) & (SMALL_BINS - 1)], 1u);
         __syncthreads();
         const u32 bin =
-            find_crossing<false>(s.small, nullptr, LIST_BINS, 0, [=](u64) { return (u64)k; }, s).bin;
+            find_crossing<false>(s.small, nullptr, SMALL_BINS, 0, [=](u64) { return (u64)k; }, s).bin;
         if (threadIdx.x == 0) s.list_count = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size()) {
@@ -998,21 +1018,23 @@ __device__ void slice_sums(const Ctx<T>& c, SampleShared& s, u32 key, u64 w_at) 
 // caller's cluster barrier follows).
 template <typename T>
 __device__ __noinline__ void kept_from_list(const Ctx<T>& c, SampleShared& s, int n, u64 above, float threshold) {
+    constexpr int BINS = 64;  // a bin a warp of the cluster: 8 x 8, 2 x 16, 1 x 32
+    const int warps = block_size() >> 5;
     u32* lo = s.small;
-    u32* hi = s.small + LIST_BINS;
-    const int warps = block_size() >> 5;  // ranks * warps <= 64 bins: 8 x 8, 2 x 16, 1 x 32
+    u32* hi = s.small + BINS;
     // Every slice before the one that holds the row's end is laid out as the first.
     const int final_rank = (c.vocab - 1) / c.per;
     const Layout<T> full(c, 0), final(c, final_rank);
     const float inv_per = 1.f / (float)c.per;
-    for (int b = threadIdx.x; b < 2 * LIST_BINS; b += block_size()) s.small[b] = 0;
+    for (int b = threadIdx.x; b < 2 * BINS; b += block_size()) s.small[b] = 0;
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += block_size()) {
         const u64 e = s.list[j];
         const float x = key_value((u32)(e >> 32));
+        if (x < threshold) continue;
         const int i = (int)(u32)e, r = divide(i, c.per, inv_per), from = r * c.per;
         const int w = r == final_rank ? final.warp_of(i) : full.warp_of(i - from);
-        if (x >= threshold) hist_add<true>(lo, hi, r * warps + w, fixed_weight(x, c.max, c.scale));
+        hist_add<true>(lo, hi, r * warps + w, fixed_weight(x, c.max, c.scale));
     }
     __syncthreads();
     // Warp r sums block r's bins, a lane a warp (a cluster has no more blocks than a block warps).
@@ -1046,9 +1068,9 @@ __device__ __forceinline__ float range_end(u32 k) {
 }
 
 // Top-p without top-k in two passes over the row, where the general selection takes four
-// (maximum, weighted histogram, gathering, draw): pass 1 guesses the mass of every 12-bit bin while
-// it finds the maximum, pass 2 gathers the bins that may hold the crossing while it sums the exact
-// weights, and rank 0 checks the guess exactly.
+// (maximum, weighted histogram, gathering, draw): pass 1 guesses the mass of every bin of the keys'
+// top 13 or 12 bits while it finds the maximum, pass 2 gathers the bins that may hold the crossing
+// while it sums the exact weights, and rank 0 checks the guess exactly.
 //
 // The guess weighs a logit against the largest value of its bin (bin_edge) instead of the row's
 // maximum, which pass 1 does not know yet: 2^((x - edge) * scale) is in [0, 1], and the bin's
@@ -1056,7 +1078,15 @@ __device__ __forceinline__ float range_end(u32 k) {
 // integers of `unit`s, small enough that a row's sum fits (a float atomic on shared memory is a
 // compare-and-swap loop on Hopper, an integer one a single instruction); at most 2^22, so that
 // a term rounds to at most `unit`.
-__device__ __forceinline__ float bin_edge(u32 key) { return key_value(key | 0xFFFFFu); }
+//
+// Blocks of 512 threads or more guess 13-bit bins (the histogram's memory holds 8,192 counts where
+// it holds 4,096 masses): the gathered bins, which rank 0 selects from, then hold half as many
+// logits (top-p 3-4% faster on 2 x 512 at 64 rows). Blocks of 256 keep the general selection's 12
+// bits: with 8 blocks merging twice the bins into rank 0, and each of its threads weighing 32, the
+// guess cost more than the smaller list saved (top-p 5-14% slower on 8 x 256).
+__device__ __forceinline__ int guess_bits() { return block_size() >= 512 ? 13 : 12; }
+// A guess bin's largest key and value, of a key in it (`low`: the bits under a bin).
+__device__ __forceinline__ float bin_edge(u32 key, u32 low) { return key_value(key | low); }
 
 __device__ __forceinline__ float guess_unit(int vocab) {
     return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 22);
@@ -1067,11 +1097,11 @@ __device__ __forceinline__ float guess_unit(int vocab) {
 // and an infinite or NaN logit's term is 0 (its edge is itself, or NaN), which the guess can
 // afford where an exact key could not. No branch: a chunk's logits interleave.
 __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale,
-                                          float unit) {
+                                          float unit, int shift, u32 low) {
     const u32 b = __float_as_uint(x);
     const u32 negative = (u32)((int)b >> 31);
-    const u32 bin = (b ^ (negative | 0x80000000u)) >> 20;
-    const float edge = __uint_as_float((b | (0xFFFFFu & ~negative)) & ~(0xFFFFFu & negative));
+    const u32 bin = (b ^ (negative | 0x80000000u)) >> shift;
+    const float edge = __uint_as_float((b | (low & ~negative)) & ~(low & negative));
     const u32 term = (u32)(fast_exp2((x - edge) * scale) * unit + 0.5f);
     atomicAdd(&s.hist[bin], ok ? term : 0u);
 }
@@ -1086,41 +1116,49 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, flo
 // again when the guess is not tried.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
-    const int per = SAMPLE_BINS / block_size();
-    const int top = SAMPLE_BINS - 1 - (int)threadIdx.x * per;
-    // A bin's guessed mass in 2^-24 of the maximum's weight.
-    const auto mass = [&](int b) {
-        const u32 h = s.hist[b];
+    const int shift = 32 - guess_bits(), nbins = 1 << guess_bits();
+    const u32 low = (1u << shift) - 1;
+    // The thread's bins are [base, base + per), thread 0's the top ones, read 4 at a time (a
+    // warp's 16-byte loads meet no bank twice; one word a load, 32 bins apart, met 8 times).
+    const int per = nbins / block_size();
+    const int base = nbins - ((int)threadIdx.x + 1) * per;
+    const uint4* bins = reinterpret_cast<const uint4*>(s.hist + base);
+    // Bin b's guessed mass, of h units, in 2^-24 of the maximum's weight.
+    const auto mass = [&](u32 h, int b) {
         if (h == 0) return 0ull;
-        const float edge = bin_edge((u32)b << 20);
+        const float edge = bin_edge((u32)b << shift, low);
         return (u64)((float)h * (16777216.f / unit) * fast_exp2((edge - mx) * scale));
     };
     if (threadIdx.x == 0) {
-        s.stage.bin = 0;                // no bin reaches the need plus the margin
-        s.stage.key = SAMPLE_BINS - 1;  // the need minus the margin is nothing
+        s.stage.bin = 0;               // no bin reaches the need plus the margin
+        s.stage.key = nbins - 1;       // the need minus the margin is nothing
         s.list_count = 0;
     }
-    // Each of the thread's bins weighed once (at most 16: a block has at least 256 threads).
-    constexpr int MOST = SAMPLE_BINS / 256;
-    u64 m[MOST], mine = 0;
-#pragma unroll
-    for (int j = 0; j < MOST; ++j) {
-        m[j] = j < per ? mass(top - j) : 0ull;
-        mine += m[j];
+    u64 mine = 0;
+    for (int q = 0; q < per / 4; ++q) {
+        const uint4 v = bins[q];
+        const int b = base + 4 * q;
+        mine += mass(v.x, b) + mass(v.y, b + 1) + mass(v.z, b + 2) + mass(v.w, b + 3);
     }
     u64 total;
     u64 run = block_exclusive_scan(mine, total, s);
     const u64 margin = total >> 11;
     const u64 need = (u64)((double)top_p * (double)total);
     const u64 need_lo = need - min(need, margin), need_hi = need + margin;
+    for (int q = per / 4 - 1; q >= 0; --q) {
+        const uint4 v = bins[q];
+        const u32 h[4] = {v.w, v.z, v.y, v.x};  // from the top
 #pragma unroll
-    for (int j = 0; j < MOST; ++j) {
-        if (j < per && run < need_hi && run + m[j] >= need_hi) s.stage.bin = top - j;
-        if (j < per && run < need_lo && run + m[j] >= need_lo) s.stage.key = top - j;
-        run += m[j];
+        for (int j = 0; j < 4; ++j) {
+            const int b = base + 4 * q + 3 - j;
+            const u64 m = mass(h[j], b);
+            if (run < need_hi && run + m >= need_hi) s.stage.bin = b;
+            if (run < need_lo && run + m >= need_lo) s.stage.key = b;
+            run += m;
+        }
     }
     if (threadIdx.x == 0) {
-        const float max_term = fast_exp2((mx - bin_edge(order_key(mx))) * scale) * unit;
+        const float max_term = fast_exp2((mx - bin_edge(order_key(mx), low)) * scale) * unit;
         s.stage.try_list = max_term >= 16.f && need_hi <= total;
     }
     __syncthreads();  // every thread has read the histogram
@@ -1147,7 +1185,7 @@ __device__ __noinline__ void check_top_p_guess(const Ctx<T>& c, SampleShared& s,
     bool held = n <= SAMPLE_LIST && above < need;
     u32 key = 0;
     if (held) {
-        // The keys of the guessed bins share their top bits: list_select skips whole bytes of them.
+        // The keys of the guessed bins share their top bits: list_select's rounds start below them.
         const int common = __clz(lo_key ^ hi_key);
         const u32 mask = common ? ~0u << (32 - common) : 0u;
         u64 listed = 0;
@@ -1620,9 +1658,11 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         });
     } else if (top_p_on) {
         const float scale = c.scale, unit = guess_unit(vocab);
+        const int shift = 32 - guess_bits();
+        const u32 low = (1u << shift) - 1;
         for_each_logit(c, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
-            guess_add(s, x, ok, scale, unit);
+            guess_add(s, x, ok, scale, unit, shift, low);
         });
     } else {
         // The maximum alone does too little a logit to hide four loads' wait: eight in flight.
@@ -1635,8 +1675,10 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
     if (threadIdx.x < c.ranks) store_remote(remote(&s.maxes[c.rank], threadIdx.x), mx);
     if (filter) {
         share_floor(s, threshold, segment_count, c.ranks);
-    } else if (top_k_on || top_p_on) {
+    } else if (top_k_on) {
         merge_into_rank0<false>(s, SAMPLE_BINS, c.rank);
+    } else if (top_p_on) {
+        merge_into_rank0<false>(s, 1 << guess_bits(), c.rank);
     }
     cluster_sync();
     for (int r = 0; r < c.ranks; ++r) mx = fmaxf(mx, s.maxes[r]);
@@ -1711,7 +1753,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (s.d.try_list) {
             // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
             // Compared as floats, which order as their keys do (a NaN, weighing 0, is in neither).
-            const u32 lo_key = s.d.bin << 20, hi_key = s.d.key << 20 | 0xFFFFFu;
+            const int shift = 32 - guess_bits();
+            const u32 lo_key = s.d.bin << shift, hi_key = s.d.key << shift | ((1u << shift) - 1);
             const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
             gather_into_rank0<true>(
