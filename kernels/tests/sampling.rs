@@ -315,9 +315,10 @@ fn flat_and_peaked_logits_on_every_path() {
 fn top_p_at_low_temperatures_in_wide_bins() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(40);
-    // Logits around 20, where a bin of the first pass's guess (13 bits) is 1 wide, at
-    // temperatures of 0.1-0.3: a logit's term against its bin's edge can round to nothing, and top-p's first-pass guess gives way
-    // to the exact selection; 0.9999 puts the need within the guess's margin of the total.
+    // Logits around 20, where a bin of the first pass's guess is 1 or 2 wide (13 bits on 2 x
+    // 512, 12 on 8 x 256), at temperatures of 0.1-0.3: a logit's term against its bin's edge can
+    // round to nothing, and top-p's first-pass guess gives way to the exact selection; 0.9999
+    // puts the need within the guess's margin of the total.
     let (rows, vocab) = (24, 151_936);
     let logits: Vec<f32> = rng
         .normals(rows * vocab, 3.0)
@@ -366,6 +367,39 @@ fn top_p_where_the_guessed_bins_end_below_zero() {
         .map(|i| SampleParams::new(1.0, -1, top_ps[i % 3], rng.next_u64(), i as u64))
         .collect();
     assert_draws_match(&gpu, "-0.0, denormals, below -1", &logits, &params, vocab);
+}
+
+#[test]
+fn top_p_over_a_long_gathered_list() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(42);
+    // About 4,500 logits of each row spread over [1, 1.0625), one bin of the guess on every
+    // shape, the rest at -20 and below, where their weights round to nothing: the crossing of
+    // top-p lies inside that bin, whose logits are all gathered. A list that long leaves no room
+    // after it for the wide histogram, so rank 0 selects in rounds of a byte.
+    let (rows, vocab) = (8, 151_936);
+    let logits: Vec<f32> = (0..rows * vocab)
+        .map(|_| {
+            if rng.below(vocab) < 4_500 {
+                1.0 + rng.uniform() as f32 * 0.0624
+            } else {
+                -20.0 - rng.uniform() as f32
+            }
+        })
+        .collect();
+    let top_ps = [0.3, 0.5, 0.9, 0.99];
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|i| {
+            SampleParams::new(
+                [0.7, 1.0][i % 2],
+                -1,
+                top_ps[i % top_ps.len()],
+                rng.next_u64(),
+                i as u64,
+            )
+        })
+        .collect();
+    assert_draws_match(&gpu, "4,500 logits in one bin", &logits, &params, vocab);
 }
 
 #[test]

@@ -961,13 +961,13 @@ __device__ __noinline__ void cut_list(SampleShared& s, int n, int k) {
         for (int j = threadIdx.x; j < n; j += block_size())
             atomicAdd(&s.small[(u32)(s.list[j] >> (32 + shift)) & (SMALL_BINS - 1)], 1u);
         __syncthreads();
-        const u32 bin =
-            find_crossing<false>(s.small, nullptr, SMALL_BINS, 0, [=](u64) { return (u64)k; }, s).bin;
+        const auto need_k = [=](u64) { return (u64)k; };
+        const u32 bin = find_crossing<false>(s.small, nullptr, SMALL_BINS, 0, need_k, s).bin;
         if (threadIdx.x == 0) s.list_count = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += block_size()) {
             const u64 e = s.list[j];
-            if (((u32)(e >> (32 + shift)) & 255u) >= bin)
+            if (((u32)(e >> (32 + shift)) & (SMALL_BINS - 1)) >= bin)
                 s.list[FILTER_LIST + atomicAdd(&s.list_count, 1u)] = e;
         }
         __syncthreads();
@@ -1118,8 +1118,10 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
                                               float top_p) {
     const int shift = 32 - guess_bits(), nbins = 1 << guess_bits();
     const u32 low = (1u << shift) - 1;
-    // The thread's bins are [base, base + per), thread 0's the top ones, read 4 at a time (a
-    // warp's 16-byte loads meet no bank twice; one word a load, 32 bins apart, met 8 times).
+    // The thread's bins are [base, base + per), thread 0's the top ones; per is 8 or 16 (blocks
+    // of 256 to 1,024 threads), read 4 at a time: a warp's 16-byte loads, 64 bytes apart, pass
+    // through the banks 4 times for 4 bins a thread, where one-word loads 8 bins apart had passed
+    // 8 times for one.
     const int per = nbins / block_size();
     const int base = nbins - ((int)threadIdx.x + 1) * per;
     const uint4* bins = reinterpret_cast<const uint4*>(s.hist + base);
