@@ -1112,8 +1112,8 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, flo
 // s.stage.try_list says whether the guess is worth a pass: not where the maximum's own term
 // rounds to fewer than 16 units (a low temperature in a wide bin: the top of the row is lost to
 // rounding, and the check would fail), nor where the need plus the margin passes the total (the
-// range would reach the lowest bin). Clears the histogram, which the general selection builds
-// again when the guess is not tried.
+// range would reach the lowest bin). Where the guess is not tried, clears the histogram for the
+// general selection; where it is, the list overwrites the histogram, and the check clears it.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
     const int shift = 32 - guess_bits(), nbins = 1 << guess_bits();
@@ -1147,7 +1147,10 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
     const u64 margin = total >> 11;
     const u64 need = (u64)((double)top_p * (double)total);
     const u64 need_lo = need - min(need, margin), need_hi = need + margin;
-    for (int q = per / 4 - 1; q >= 0; --q) {
+    // Only the threads whose run holds a crossing walk it again.
+    const bool crosses = (run < need_hi && run + mine >= need_hi) ||
+                         (run < need_lo && run + mine >= need_lo);
+    for (int q = per / 4 - 1; crosses && q >= 0; --q) {
         const uint4 v = bins[q];
         const u32 h[4] = {v.w, v.z, v.y, v.x};  // from the top
 #pragma unroll
@@ -1163,8 +1166,8 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
         const float max_term = fast_exp2((mx - bin_edge(order_key(mx), low)) * scale) * unit;
         s.stage.try_list = max_term >= 16.f && need_hi <= total;
     }
-    __syncthreads();  // every thread has read the histogram
-    clear_histogram(s);
+    __syncthreads();  // every thread has read the histogram, and try_list is set
+    if (!s.stage.try_list) clear_histogram(s);
 }
 
 // Rank 0, pass 2 done (the guessed bins' logits in its list, every block's exact mass above them
