@@ -1113,7 +1113,7 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, flo
 // rounds to fewer than 16 units (a low temperature in a wide bin: the top of the row is lost to
 // rounding, and the check would fail), nor where the need plus the margin passes the total (the
 // range would reach the lowest bin). Where the guess is not tried, clears the histogram for the
-// general selection; where it is, the list overwrites the histogram, and the check clears it.
+// general selection; where it is, the list takes the histogram's memory, and the check clears it.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
     const int shift = 32 - guess_bits(), nbins = 1 << guess_bits();
