@@ -311,6 +311,22 @@ fn flat_and_peaked_logits_on_every_path() {
     }
 }
 
+/// Top-p alone on every row: row i takes the temperatures in turn, and the next top-p after each
+/// round of them; a seed and a step of its own.
+fn top_p_rows(rng: &mut Rng, rows: usize, temps: &[f32], top_ps: &[f32]) -> Vec<SampleParams> {
+    (0..rows)
+        .map(|i| {
+            SampleParams::new(
+                temps[i % temps.len()],
+                -1,
+                top_ps[(i / temps.len()) % top_ps.len()],
+                rng.next_u64(),
+                rng.below(1000) as u64,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn top_p_at_low_temperatures_in_wide_bins() {
     let Some(gpu) = gpu() else { return };
@@ -325,19 +341,7 @@ fn top_p_at_low_temperatures_in_wide_bins() {
         .into_iter()
         .map(|x| x + 20.0)
         .collect();
-    let temps = [0.1, 0.15, 0.3];
-    let top_ps = [0.9, 0.5, 0.9999, 0.05];
-    let params: Vec<SampleParams> = (0..rows)
-        .map(|i| {
-            SampleParams::new(
-                temps[i % temps.len()],
-                -1,
-                top_ps[(i / temps.len()) % top_ps.len()],
-                rng.next_u64(),
-                rng.below(1000) as u64,
-            )
-        })
-        .collect();
+    let params = top_p_rows(&mut rng, rows, &[0.1, 0.15, 0.3], &[0.9, 0.5, 0.9999, 0.05]);
     assert_draws_match(&gpu, "randn * 3 + 20", &logits, &params, vocab);
 }
 
@@ -387,18 +391,7 @@ fn top_p_over_a_long_gathered_list() {
             }
         })
         .collect();
-    let top_ps = [0.3, 0.5, 0.9, 0.99];
-    let params: Vec<SampleParams> = (0..rows)
-        .map(|i| {
-            SampleParams::new(
-                [0.7, 1.0][i % 2],
-                -1,
-                top_ps[i % top_ps.len()],
-                rng.next_u64(),
-                i as u64,
-            )
-        })
-        .collect();
+    let params = top_p_rows(&mut rng, rows, &[0.7, 1.0], &[0.3, 0.5, 0.9, 0.99]);
     assert_draws_match(&gpu, "4,500 logits in one bin", &logits, &params, vocab);
 }
 
