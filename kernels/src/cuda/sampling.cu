@@ -1085,6 +1085,10 @@ __device__ __forceinline__ float range_end(u32 k) {
 // bits: with 8 blocks merging twice the bins into rank 0, and each of its threads weighing 32, the
 // guess cost more than the smaller list saved (top-p 5-14% slower on 8 x 256).
 __device__ __forceinline__ int guess_bits() { return block_size() >= 512 ? 13 : 12; }
+// A guess bin's key is the key's top guess_bits(): the key shifted right this much.
+__device__ __forceinline__ int guess_shift() { return 32 - guess_bits(); }
+// The bits under a guess bin.
+__device__ __forceinline__ u32 guess_low() { return (1u << guess_shift()) - 1; }
 // A guess bin's largest key and value, of a key in it (`low`: the bits under a bin).
 __device__ __forceinline__ float bin_edge(u32 key, u32 low) { return key_value(key | low); }
 
@@ -1116,8 +1120,8 @@ __device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, flo
 // general selection; where it is, the list takes the histogram's memory, and the check clears it.
 __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float scale, float unit,
                                               float top_p) {
-    const int shift = 32 - guess_bits(), nbins = 1 << guess_bits();
-    const u32 low = (1u << shift) - 1;
+    const int shift = guess_shift(), nbins = 1 << guess_bits();
+    const u32 low = guess_low();
     // The thread's bins are [base, base + per), thread 0's the top ones; per is 8 or 16 (blocks
     // of 256 to 1,024 threads), read 4 at a time: a warp's 16-byte loads, 64 bytes apart, pass
     // through the banks 4 times for 4 bins a thread, where one-word loads 8 bins apart had passed
@@ -1663,8 +1667,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         });
     } else if (top_p_on) {
         const float scale = c.scale, unit = guess_unit(vocab);
-        const int shift = 32 - guess_bits();
-        const u32 low = (1u << shift) - 1;
+        const int shift = guess_shift();
+        const u32 low = guess_low();
         for_each_logit(c, [&](int, float x, bool ok) {
             mx = ok ? fmaxf(mx, x) : mx;
             guess_add(s, x, ok, scale, unit, shift, low);
@@ -1758,8 +1762,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (s.d.try_list) {
             // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
             // Compared as floats, which order as their keys do (a NaN, weighing 0, is in neither).
-            const int shift = 32 - guess_bits();
-            const u32 lo_key = s.d.bin << shift, hi_key = s.d.key << shift | ((1u << shift) - 1);
+            const u32 lo_key = s.d.bin << guess_shift();
+            const u32 hi_key = s.d.key << guess_shift() | guess_low();
             const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
             gather_into_rank0<true>(
