@@ -335,7 +335,9 @@ struct Layout {
 
 // Calls g(index, x, valid) for the logits of the block's slice in 16-byte chunks: x holds a
 // chunk's logits (16 / sizeof(T) of them) from `index` on, and the first `valid` are the
-// thread's (0 when it has none this turn); the head and the tail come one logit per thread. With
+// thread's (0 when it has none this turn); the head and the tail come one logit per thread. The
+// others read as -inf, which weighs 0 and is above no threshold a weighted pass uses, so such a
+// pass may skip the test of `valid` (a select a logit). With
 // STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
 // draw reads); without, the block reads the slice front to back, its threads side by side in
 // each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
@@ -363,8 +365,8 @@ __device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
     float x[V];
     const auto one_logit = [&](int i, bool ok) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) x[j] = 0.f;
-        x[0] = ok ? load_logit(row, i) : 0.f;
+        for (int j = 0; j < V; ++j) x[j] = neg_inf();
+        x[0] = ok ? load_logit(row, i) : neg_inf();
         g(i, x, ok ? 1 : 0);
     };
     if (L.begin < L.body) one_logit(L.begin + t, L.begin + t < L.body);
@@ -375,7 +377,8 @@ __device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
     const int stride = STRETCHES ? 32 : block_size();
     const int stop = STRETCHES ? min(L.chunks(), (warp + 1) * L.run) : L.chunks();
     const int turns = STRETCHES ? L.run / 32 : (L.chunks() + stride - 1) / stride;
-    const uint4 none = make_uint4(0, 0, 0, 0);
+    const u32 inf2 = sizeof(T) == 4 ? 0xFF800000u : 0xFF80FF80u;  // -inf, or two bf16 -infs
+    const uint4 none = make_uint4(inf2, inf2, inf2, inf2);
     uint4 ahead[AHEAD];
 #pragma unroll
     for (int a = 0; a < AHEAD; ++a) {
@@ -733,28 +736,29 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
     }
 }
 
-// Appends (key << 32 | index) of this block's logits with take(x) to rank 0's list. Every block
-// appends to its own list first, each thread with an atomic on its own block's count where it
-// takes any of a chunk's logits (a gathered bin holds a few percent of a row, so a warp's
-// atomics rarely meet on the count, and a vote to pool them cost more than it saved); then each
-// other block reserves its run of rank 0's list with one atomic on rank 0's count and copies it
-// there: an atomic on another block's shared memory waits for an answer from another SM, which
-// one a thread would wait for again and again. The list's order is not the row's. Entries past
-// the list's end are counted, not written. `see(x, ok)` is called for every logit on the way;
-// with STRETCHES the block reads its slice a warp a stretch (for_each_chunk).
+// Gathering into rank 0's list happens in two steps. Every block appends (key << 32 | index) of
+// its logits with take(x, ok) to its own list, each thread with an atomic on its own block's
+// count where it takes any of a chunk's logits (a gathered bin holds a few percent of a row, so
+// a warp's atomics rarely meet on the count, and a vote to pool them cost more than it saved);
+// then each other block reserves its run of rank 0's list with one atomic on rank 0's count and
+// copies its list there: an atomic on another block's shared memory waits for an answer from
+// another SM, which one a thread would wait for again and again. The list's order is not the
+// row's. Entries past the list's end are counted, not written. `see(x, ok)` is called for every
+// logit on the way; with STRETCHES the block reads its slice a warp a stretch (for_each_chunk).
+// A take that holds for -inf must test `ok` (for_each_chunk).
 // The block's list_count must be 0 (rank 0's as the selection's decision leaves it); the other
 // blocks leave theirs at 0 and zero the entries they used, so a histogram that was clear under
 // them is again.
 template <bool STRETCHES = false, typename T, typename Take, typename See>
-__device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take,
-                                                  See see) {
+__device__ __forceinline__ void gather_into_list(const Ctx<T>& c, SampleShared& s, Take take,
+                                                 See see) {
     constexpr int V = 16 / sizeof(T);
     for_each_chunk<STRETCHES>(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             see(x[j], j < valid);
-            takes |= j < valid && take(x[j]) ? 1u << j : 0u;
+            takes |= take(x[j], j < valid) ? 1u << j : 0u;
         }
         if (takes == 0) return;
         u32 slot = atomic_add_own(&s.list_count, (u32)__popc(takes));
@@ -766,17 +770,36 @@ __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared&
             }
         }
     });
-    if (c.rank == 0) return;
-    __syncthreads();  // every entry of this block is in its own list
+}
+
+// Rank != 0, one thread, once the block's list is complete: the start of this block's run in
+// rank 0's list, reserved.
+__device__ __forceinline__ u32 reserve_in_rank0(SampleShared& s) {
+    return atomic_add_remote(remote(&s.list_count, 0), s.list_count);
+}
+
+// Rank != 0: copies the block's list into its run of rank 0's, which thread 0 has reserved into
+// s.scratch[0] before this barrier.
+__device__ void copy_list_to_rank0(SampleShared& s) {
     const u32 n = s.list_count;
-    if (threadIdx.x == 0) s.scratch[0] = atomic_add_remote(remote(&s.list_count, 0), n);
-    __syncthreads();
+    __syncthreads();  // the run is reserved
     const u32 base = (u32)s.scratch[0], list0 = remote(s.list, 0);
     for (u32 j = threadIdx.x; j < min(n, (u32)SAMPLE_LIST); j += block_size()) {
         if (base + j < SAMPLE_LIST) store_remote(list0 + 8 * (base + j), s.list[j]);
         s.list[j] = 0;
     }
     if (threadIdx.x == 0) s.list_count = 0;
+}
+
+// Both steps, where the block has nothing to do between them.
+template <bool STRETCHES = false, typename T, typename Take, typename See>
+__device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take,
+                                                  See see) {
+    gather_into_list<STRETCHES>(c, s, take, see);
+    if (c.rank == 0) return;
+    __syncthreads();  // every entry of this block is in its own list
+    if (threadIdx.x == 0) s.scratch[0] = reserve_in_rank0(s);
+    copy_list_to_rank0(s);
 }
 
 // Top-k in one pass: every warp keeps, in its own segment of its block's list, the logits at or
@@ -1096,18 +1119,19 @@ __device__ __forceinline__ float guess_unit(int vocab) {
     return (float)min(0xFFFFFFFFu / (u32)vocab, 1u << 22);
 }
 
-// Pass 1: logit x added to its bin's guess, nothing where `ok` is false. The bin and its edge come
-// straight from the float's bits, the sign spread into a mask: -0 falls in the bin below +0's,
-// and an infinite or NaN logit's term is 0 (its edge is itself, or NaN), which the guess can
-// afford where an exact key could not. No branch: a chunk's logits interleave.
-__device__ __forceinline__ void guess_add(SampleShared& s, float x, bool ok, float scale,
-                                          float unit, int shift, u32 low) {
+// Pass 1: logit x added to its bin's guess. The bin and its edge come straight from the float's
+// bits, the sign spread into a mask: -0 falls in the bin below +0's, and an infinite or NaN
+// logit's term is 0 (its edge is itself, or NaN), which the guess can afford where an exact key
+// could not; so is the -inf of a turn where the thread has no logit, which needs no test. No
+// branch: a chunk's logits interleave.
+__device__ __forceinline__ void guess_add(SampleShared& s, float x, float scale, float unit,
+                                          int shift, u32 low) {
     const u32 b = __float_as_uint(x);
     const u32 negative = (u32)((int)b >> 31);
     const u32 bin = (b ^ (negative | 0x80000000u)) >> shift;
     const float edge = __uint_as_float((b | (low & ~negative)) & ~(low & negative));
     const u32 term = (u32)(fast_exp2((x - edge) * scale) * unit + 0.5f);
-    atomicAdd(&s.hist[bin], ok ? term : 0u);
+    atomicAdd(&s.hist[bin], term);
 }
 
 // Rank 0, the guesses merged: the bins [s.stage.bin, s.stage.key] that may hold the top-p
@@ -1140,30 +1164,34 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
         s.stage.key = nbins - 1;       // the need minus the margin is nothing
         s.list_count = 0;
     }
-    u64 mine = 0;
-    for (int q = 0; q < per / 4; ++q) {
-        const uint4 v = bins[q];
+    // The thread's masses stay in registers for the walk below (weighing the bins again there
+    // was a chain of 16 exponentials and conversions in the threads every other one waits for).
+    u64 m[16], mine = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint4 v = 4 * q < per ? bins[q] : make_uint4(0, 0, 0, 0);
         const int b = base + 4 * q;
-        mine += mass(v.x, b) + mass(v.y, b + 1) + mass(v.z, b + 2) + mass(v.w, b + 3);
+        m[4 * q] = mass(v.x, b);
+        m[4 * q + 1] = mass(v.y, b + 1);
+        m[4 * q + 2] = mass(v.z, b + 2);
+        m[4 * q + 3] = mass(v.w, b + 3);
+        mine += m[4 * q] + m[4 * q + 1] + m[4 * q + 2] + m[4 * q + 3];
     }
     u64 total;
     u64 run = block_exclusive_scan(mine, total, s);
     const u64 margin = total >> 11;
     const u64 need = (u64)((double)top_p * (double)total);
     const u64 need_lo = need - min(need, margin), need_hi = need + margin;
-    // Only the threads whose run holds a crossing walk it again.
+    // Only the threads whose run holds a crossing walk their bins.
     const bool crosses = (run < need_hi && run + mine >= need_hi) ||
                          (run < need_lo && run + mine >= need_lo);
-    for (int q = per / 4 - 1; crosses && q >= 0; --q) {
-        const uint4 v = bins[q];
-        const u32 h[4] = {v.w, v.z, v.y, v.x};  // from the top
+    if (crosses) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int b = base + 4 * q + 3 - j;
-            const u64 m = mass(h[j], b);
-            if (run < need_hi && run + m >= need_hi) s.stage.bin = b;
-            if (run < need_lo && run + m >= need_lo) s.stage.key = b;
-            run += m;
+        for (int j = 15; j >= 0; --j) {  // from the top
+            if (j >= per) continue;
+            if (run < need_hi && run + m[j] >= need_hi) s.stage.bin = base + j;
+            if (run < need_lo && run + m[j] >= need_lo) s.stage.key = base + j;
+            run += m[j];
         }
     }
     if (threadIdx.x == 0) {
@@ -1269,9 +1297,9 @@ __device__ __noinline__ u32 cluster_select(const Ctx<T>& c, SampleShared& s, Que
             const bool strict = q.strict;
             gather_into_rank0(
                 c, s,
-                [=](float x) {
+                [=](float x, bool ok) {
                     const u32 key = order_key(x);
-                    return (key & msk) == pre && (!strict || key > floor);
+                    return ok && (key & msk) == pre && (!strict || key > floor);
                 },
                 [](float, bool) {});
             cluster_sync();  // the list is complete
@@ -1669,9 +1697,9 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         const float scale = c.scale, unit = guess_unit(vocab);
         const int shift = guess_shift();
         const u32 low = guess_low();
-        for_each_logit(c, [&](int, float x, bool ok) {
-            mx = ok ? fmaxf(mx, x) : mx;
-            guess_add(s, x, ok, scale, unit, shift, low);
+        for_each_logit(c, [&](int, float x, bool) {  // a logit the thread lacks is -inf
+            mx = fmaxf(mx, x);
+            guess_add(s, x, scale, unit, shift, low);
         });
     } else {
         // The maximum alone does too little a logit to hide four loads' wait: eight in flight.
@@ -1725,7 +1753,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (s.d.above + s.d.mass <= SORT_LIST) {
             const u32 low = s.d.bin << 20;
             gather_into_rank0(
-                c, s, [=](float x) { return order_key(x) >= low; }, [](float, bool) {});
+                c, s, [=](float x, bool ok) { return ok && order_key(x) >= low; },
+                [](float, bool) {});
             cluster_sync();
             if (c.rank == 0) finish_in_list(c, s, out);
             return;
@@ -1760,28 +1789,44 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         cluster_sync();
         bool resolved = false;  // by the guess
         if (s.d.try_list) {
-            // Pass 2: the guessed bins' logits into rank 0's list, and every logit's exact weight.
-            // Compared as floats, which order as their keys do (a NaN, weighing 0, is in neither).
+            // Pass 2: the guessed bins' logits into the block's list, and every logit's exact
+            // weight. Compared as floats, which order as their keys do (a NaN, weighing 0, is in
+            // neither). The guessed bins hold a positive mass, so lo > -inf: a logit the thread
+            // lacks (-inf, weight 0) needs no test.
             const u32 lo_key = s.d.bin << guess_shift();
             const u32 hi_key = s.d.key << guess_shift() | guess_low();
             const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
-            gather_into_rank0<true>(
-                c, s, [=](float x) { return x >= lo && x <= hi; },
-                [&](float x, bool ok) {
-                    const u64 weight = fixed_weight(x, mx, scale);
-                    const u64 w = ok ? weight : 0ull;
+            gather_into_list<true>(
+                c, s, [=](float x, bool) { return x >= lo && x <= hi; },
+                [&](float x, bool) {
+                    const u64 w = fixed_weight(x, mx, scale);
                     total += w;
                     above += x > hi ? w : 0ull;
                 });
-            const u64 warp_above = warp_sum_u64(above);  // the list adds the rest (kept_from_list)
-            if ((threadIdx.x & 31) == 0) s.warp_kept[threadIdx.x >> 5] = warp_above;
-            above = block_sum_u64(above, s);
-            total = block_sum_u64(total, s);
+            // Each warp's sums (its mass above the bins: the list adds the rest, kept_from_list),
+            // then the block's, added by thread 0 while its reservation in rank 0's list is on
+            // the way: two block barriers where sums and copy took six.
+            const int warp = threadIdx.x >> 5;
+            above = warp_sum_u64(above);
+            total = warp_sum_u64(total);
+            if ((threadIdx.x & 31) == 0) {
+                s.warp_kept[warp] = above;
+                s.scratch[warp] = total;
+            }
+            __syncthreads();  // the block's list and its warps' sums are complete
             if (threadIdx.x == 0) {
+                const u32 base = c.rank != 0 ? reserve_in_rank0(s) : 0u;
+                above = total = 0;
+                for (int w = 0; w < warps; ++w) {
+                    above += s.warp_kept[w];
+                    total += s.scratch[w];
+                }
                 store_remote(remote(&s.acc[c.rank], 0), above);
                 store_remote(remote(&s.sums[1][c.rank], 0), total);
+                s.scratch[0] = base;
             }
+            if (c.rank != 0) copy_list_to_rank0(s);
             cluster_sync();  // rank 0's list is complete, and it has every block's sums
             if (c.rank == 0) {
                 check_top_p_guess(c, s, lo_key, hi_key);
