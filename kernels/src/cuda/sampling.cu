@@ -336,8 +336,9 @@ struct Layout {
 // Calls g(index, x, valid) for the logits of the block's slice in 16-byte chunks: x holds a
 // chunk's logits (16 / sizeof(T) of them) from `index` on, and the first `valid` are the
 // thread's (0 when it has none this turn); the head and the tail come one logit per thread. The
-// others read as -inf, which weighs 0 and is above no threshold a weighted pass uses, so such a
-// pass may skip the test of `valid` (a select a logit). With
+// others read as 0, or with NEG_INF_PAD as -inf, which weighs 0 and lies below every range
+// top-p's passes look for, so that they need not test `valid` (a select a logit); the other
+// passes test it anyway and keep 0. With
 // STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
 // draw reads); without, the block reads the slice front to back, its threads side by side in
 // each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
@@ -356,17 +357,19 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
-template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, typename T, typename G>
+template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, bool NEG_INF_PAD = false, typename T,
+          typename G>
 __device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
     constexpr int V = 16 / sizeof(T);
     const T* row = c.row;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const Layout<T> L(c, c.rank);
     float x[V];
+    const float lacking = NEG_INF_PAD ? neg_inf() : 0.f;  // a logit the thread does not have
     const auto one_logit = [&](int i, bool ok) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) x[j] = neg_inf();
-        x[0] = ok ? load_logit(row, i) : neg_inf();
+        for (int j = 0; j < V; ++j) x[j] = lacking;
+        x[0] = ok ? load_logit(row, i) : lacking;
         g(i, x, ok ? 1 : 0);
     };
     if (L.begin < L.body) one_logit(L.begin + t, L.begin + t < L.body);
@@ -377,8 +380,8 @@ __device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
     const int stride = STRETCHES ? 32 : block_size();
     const int stop = STRETCHES ? min(L.chunks(), (warp + 1) * L.run) : L.chunks();
     const int turns = STRETCHES ? L.run / 32 : (L.chunks() + stride - 1) / stride;
-    const u32 inf2 = sizeof(T) == 4 ? 0xFF800000u : 0xFF80FF80u;  // -inf, or two bf16 -infs
-    const uint4 none = make_uint4(inf2, inf2, inf2, inf2);
+    const u32 pad = NEG_INF_PAD ? (sizeof(T) == 4 ? 0xFF800000u : 0xFF80FF80u) : 0u;  // bf16: 2
+    const uint4 none = make_uint4(pad, pad, pad, pad);
     uint4 ahead[AHEAD];
 #pragma unroll
     for (int a = 0; a < AHEAD; ++a) {
@@ -406,9 +409,10 @@ __device__ __forceinline__ void for_each_chunk(const Ctx<T>& c, G g) {
 
 // Calls f(index, logit, ok) for the logits of the block's slice as for_each_chunk shares them out,
 // logit by logit (ok false where the thread has none).
-template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, typename T, typename F>
+template <bool STRETCHES = false, int AHEAD = LOADS_AHEAD, bool NEG_INF_PAD = false, typename T,
+          typename F>
 __device__ __forceinline__ void for_each_logit(const Ctx<T>& c, F f) {
-    for_each_chunk<STRETCHES, AHEAD>(c, [&](int i, const float* x, int valid) {
+    for_each_chunk<STRETCHES, AHEAD, NEG_INF_PAD>(c, [&](int i, const float* x, int valid) {
 #pragma unroll
         for (int j = 0; j < 16 / (int)sizeof(T); ++j) f(i + j, x[j], j < valid);
     });
@@ -744,16 +748,16 @@ __device__ __forceinline__ void warp_offsets(int mine, int& before, int& total) 
 // copies its list there: an atomic on another block's shared memory waits for an answer from
 // another SM, which one a thread would wait for again and again. The list's order is not the
 // row's. Entries past the list's end are counted, not written. `see(x, ok)` is called for every
-// logit on the way; with STRETCHES the block reads its slice a warp a stretch (for_each_chunk).
-// A take that holds for -inf must test `ok` (for_each_chunk).
+// logit on the way; with STRETCHES the block reads its slice a warp a stretch, with NEG_INF_PAD
+// a logit the thread lacks reads as -inf (for_each_chunk).
 // The block's list_count must be 0 (rank 0's as the selection's decision leaves it); the other
 // blocks leave theirs at 0 and zero the entries they used, so a histogram that was clear under
 // them is again.
-template <bool STRETCHES = false, typename T, typename Take, typename See>
+template <bool STRETCHES = false, bool NEG_INF_PAD = false, typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_list(const Ctx<T>& c, SampleShared& s, Take take,
                                                  See see) {
     constexpr int V = 16 / sizeof(T);
-    for_each_chunk<STRETCHES>(c, [&](int i, const float* x, int valid) {
+    for_each_chunk<STRETCHES, LOADS_AHEAD, NEG_INF_PAD>(c, [&](int i, const float* x, int valid) {
         u32 takes = 0;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -1697,7 +1701,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         const float scale = c.scale, unit = guess_unit(vocab);
         const int shift = guess_shift();
         const u32 low = guess_low();
-        for_each_logit(c, [&](int, float x, bool) {  // a logit the thread lacks is -inf
+        for_each_logit<false, LOADS_AHEAD, true>(c, [&](int, float x, bool) {  // lacking: -inf
             mx = fmaxf(mx, x);
             guess_add(s, x, scale, unit, shift, low);
         });
@@ -1797,7 +1801,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
             const u32 hi_key = s.d.key << guess_shift() | guess_low();
             const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
             u64 above = 0, total = 0;
-            gather_into_list<true>(
+            gather_into_list<true, true>(
                 c, s, [=](float x, bool) { return x >= lo && x <= hi; },
                 [&](float x, bool) {
                     const u64 w = fixed_weight(x, mx, scale);
