@@ -1157,11 +1157,12 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
     const int per = nbins / block_size();
     const int base = nbins - ((int)threadIdx.x + 1) * per;
     const uint4* bins = reinterpret_cast<const uint4*>(s.hist + base);
-    // Bin b's guessed mass, of h units, in 2^-24 of the maximum's weight.
+    // Bin b's guessed mass, of h units, in 2^-24 of the maximum's weight: 0 where h is (0 times
+    // a factor, or times the infinity or NaN of a bin above the maximum, converts to 0).
+    const float per_unit = 16777216.f / unit;
     const auto mass = [&](u32 h, int b) {
-        if (h == 0) return 0ull;
         const float edge = bin_edge((u32)b << shift, low);
-        return (u64)((float)h * (16777216.f / unit) * fast_exp2((edge - mx) * scale));
+        return (u64)((float)h * per_unit * fast_exp2((edge - mx) * scale));
     };
     if (threadIdx.x == 0) {
         s.stage.bin = 0;               // no bin reaches the need plus the margin
@@ -1175,10 +1176,16 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
     for (int q = 0; q < 4; ++q) {
         const uint4 v = 4 * q < per ? bins[q] : make_uint4(0, 0, 0, 0);
         const int b = base + 4 * q;
-        m[4 * q] = mass(v.x, b);
-        m[4 * q + 1] = mass(v.y, b + 1);
-        m[4 * q + 2] = mass(v.z, b + 2);
-        m[4 * q + 3] = mass(v.w, b + 3);
+        // Four bins at a time, side by side, and none where all four are empty (most of a row's
+        // bins): a test a bin had made each bin's chain of conversions and exponential wait for
+        // the one before.
+        m[4 * q] = m[4 * q + 1] = m[4 * q + 2] = m[4 * q + 3] = 0;
+        if (v.x | v.y | v.z | v.w) {
+            m[4 * q] = mass(v.x, b);
+            m[4 * q + 1] = mass(v.y, b + 1);
+            m[4 * q + 2] = mass(v.z, b + 2);
+            m[4 * q + 3] = mass(v.w, b + 3);
+        }
         mine += m[4 * q] + m[4 * q + 1] + m[4 * q + 2] + m[4 * q + 3];
     }
     u64 total;
