@@ -1584,12 +1584,20 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
         }
     }
     __syncthreads();  // the warp masses are in place
-    int stretch = 0;
-    while (stretch < warps - 1 &&
-           target >= before + s.warp_kept[stretch] + s.warp_list[stretch]) {
-        before += s.warp_kept[stretch] + s.warp_list[stretch];
-        ++stretch;
+    // The stretch: the first warp whose running mass passes target (the last one at most), found
+    // by every warp with a lane a warp's mass and a scan, where a loop over the warps had waited
+    // for one shared load after another.
+    const int lane = threadIdx.x & 31;
+    const u64 m = lane < warps ? s.warp_kept[lane] + s.warp_list[lane] : 0ull;
+    u64 incl = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += t;
     }
+    const u32 past = __ballot_sync(FULL_MASK, lane < warps && target < before + incl);
+    const int stretch = past ? __ffs(past) - 1 : warps - 1;
+    before += __shfl_sync(FULL_MASK, incl - m, stretch);
     int lo, hi;
     Layout<T>(c, c.rank).stretch(stretch, lo, hi);
     const int threads = block_size();
