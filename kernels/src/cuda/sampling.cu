@@ -338,9 +338,8 @@ struct Layout {
 // thread's (0 when it has none this turn); the head and the tail come one logit per thread. The
 // others read as 0, or with NEG_INF_PAD as -inf, which weighs 0 and lies below every range
 // top-p's passes look for, so that they need not test `valid` (a select a logit); the other
-// passes test it anyway and keep 0. With
-// STRETCHES, each warp reads its own stretch as Layout says (for a pass whose per-warp sums the
-// draw reads); without, the block reads the slice front to back, its threads side by side in
+// passes test it anyway and keep 0. With STRETCHES, each warp reads its own stretch as Layout
+// says (for a pass whose per-warp sums the draw reads); without, the block reads the slice front to back, its threads side by side in
 // each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
 // rows took about 4 us less). Every thread of the block makes the same number of calls, so that
 // g may use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread
@@ -796,10 +795,10 @@ __device__ void copy_list_to_rank0(SampleShared& s) {
 }
 
 // Both steps, where the block has nothing to do between them.
-template <bool STRETCHES = false, typename T, typename Take, typename See>
+template <typename T, typename Take, typename See>
 __device__ __forceinline__ void gather_into_rank0(const Ctx<T>& c, SampleShared& s, Take take,
                                                   See see) {
-    gather_into_list<STRETCHES>(c, s, take, see);
+    gather_into_list(c, s, take, see);
     if (c.rank == 0) return;
     __syncthreads();  // every entry of this block is in its own list
     if (threadIdx.x == 0) s.scratch[0] = reserve_in_rank0(s);
@@ -1158,7 +1157,8 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
     const int base = nbins - ((int)threadIdx.x + 1) * per;
     const uint4* bins = reinterpret_cast<const uint4*>(s.hist + base);
     // Bin b's guessed mass, of h units, in 2^-24 of the maximum's weight: 0 where h is (0 times
-    // a factor, or times the infinity or NaN of a bin above the maximum, converts to 0).
+    // a factor, or times the infinity or NaN of a bin above the maximum or of the NaN patterns
+    // below -inf, converts to 0).
     const float per_unit = 16777216.f / unit;
     const auto mass = [&](u32 h, int b) {
         const float edge = bin_edge((u32)b << shift, low);
@@ -1207,7 +1207,7 @@ __device__ __noinline__ void guess_top_p_bins(SampleShared& s, float mx, float s
     }
     if (threadIdx.x == 0) {
         const float max_term = fast_exp2((mx - bin_edge(order_key(mx), low)) * scale) * unit;
-        s.stage.try_list = max_term >= 16.f && need_hi <= total;
+        s.stage.try_list = max_term >= 16.f && need_hi <= total;  // pass 2 relies on both
     }
     __syncthreads();  // every thread has read the histogram, and try_list is set
     if (!s.stage.try_list) clear_histogram(s);
@@ -1810,8 +1810,10 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
         if (s.d.try_list) {
             // Pass 2: the guessed bins' logits into the block's list, and every logit's exact
             // weight. Compared as floats, which order as their keys do (a NaN, weighing 0, is in
-            // neither). The guessed bins hold a positive mass, so lo > -inf: a logit the thread
-            // lacks (-inf, weight 0) needs no test.
+            // neither). A logit the thread lacks (-inf, weight 0) needs no test because lo >
+            // -inf: try_list holds only where the maximum's term is at least 16 units, so the
+            // need plus the margin is positive, and at most the total, so a bin of positive mass
+            // crosses it (guess_top_p_bins); no bin that holds -inf's key holds a finite logit.
             const u32 lo_key = s.d.bin << guess_shift();
             const u32 hi_key = s.d.key << guess_shift() | guess_low();
             const float lo = range_end(lo_key), hi = range_end(hi_key), scale = c.scale;
@@ -1825,7 +1827,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int voc
                 });
             // Each warp's sums (its mass above the bins: the list adds the rest, kept_from_list),
             // then the block's, added by thread 0 while its reservation in rank 0's list is on
-            // the way: two block barriers where sums and copy took six.
+            // the way: two block barriers where sums and copy took six (rank 0: one where four).
             const int warp = threadIdx.x >> 5;
             above = warp_sum_u64(above);
             total = warp_sum_u64(total);
