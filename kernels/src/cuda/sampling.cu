@@ -334,19 +334,19 @@ struct Layout {
 };
 
 // Calls g(index, x, valid) for the logits of the block's slice in 16-byte chunks: x holds a
-// chunk's logits (16 / sizeof(T) of them) from `index` on, and the first `valid` are the
-// thread's (0 when it has none this turn); the head and the tail come one logit per thread. The
-// others read as 0, or with NEG_INF_PAD as -inf, which weighs 0 and lies below every range
-// top-p's passes look for, so that they need not test `valid` (a select a logit); the other
-// passes test it anyway and keep 0. With STRETCHES, each warp reads its own stretch as Layout
-// says (for a pass whose per-warp sums the draw reads); without, the block reads the slice front to back, its threads side by side in
-// each turn, which keeps its loads in one window of the row (a pass for the maximum over 64
-// rows took about 4 us less). Every thread of the block makes the same number of calls, so that
-// g may use warp-wide intrinsics. A pass over a row is bound by the loads in flight: each thread
-// keeps AHEAD chunks in flight (streamed past the L1 cache), and the loop is unrolled over them
-// so that each stays in its own registers: slot a is read, then reloaded with the chunk AHEAD
-// turns later. A queue shifted one slot a turn would wait, at the shift, for every load in it,
-// leaving one in flight.
+// chunk's logits (16 / sizeof(T) of them) from `index` on, and the first `valid` are the thread's
+// (0 when it has none this turn); the head and the tail come one logit per thread. The others read
+// as 0, or with NEG_INF_PAD as -inf, which weighs 0 and lies below every range top-p's passes look
+// for, so that they need not test `valid` (a select a logit); the other passes test it anyway and
+// keep 0. With STRETCHES, each warp reads its own stretch as Layout says (for a pass whose
+// per-warp sums the draw reads); without, the block reads the slice front to back, its threads
+// side by side in each turn, which keeps its loads in one window of the row (a pass for the
+// maximum over 64 rows took about 4 us less). Every thread of the block makes the same number of
+// calls, so that g may use warp-wide intrinsics. A pass over a row is bound by the loads in
+// flight: each thread keeps AHEAD chunks in flight (streamed past the L1 cache), and the loop is
+// unrolled over them so that each stays in its own registers: slot a is read, then reloaded with
+// the chunk AHEAD turns later. A queue shifted one slot a turn would wait, at the shift, for every
+// load in it, leaving one in flight.
 #define LOADS_AHEAD 4
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -457,15 +457,21 @@ __device__ __forceinline__ float block_max(float v, SampleShared& s) {
     return v;
 }
 
+// The sum of v over this lane and the lanes before it in the warp.
+__device__ __forceinline__ u64 warp_inclusive_scan_u64(u64 v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_up_sync(FULL_MASK, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
 // The sum of v over the threads before this one; `total` gets the sum over all.
 __device__ __forceinline__ u64 block_exclusive_scan(u64 v, u64& total, SampleShared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u64 incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += t;
-    }
+    const u64 incl = warp_inclusive_scan_u64(v);
     __syncthreads();
     if (lane == 31) s.scratch[warp] = incl;
     __syncthreads();
@@ -1589,12 +1595,7 @@ __device__ __noinline__ void draw(const Ctx<T>& c, SampleShared& s, float thresh
     // for one shared load after another.
     const int lane = threadIdx.x & 31;
     const u64 m = lane < warps ? s.warp_kept[lane] + s.warp_list[lane] : 0ull;
-    u64 incl = m;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += t;
-    }
+    const u64 incl = warp_inclusive_scan_u64(m);
     const u32 past = __ballot_sync(FULL_MASK, lane < warps && target < before + incl);
     const int stretch = past ? __ffs(past) - 1 : warps - 1;
     before += __shfl_sync(FULL_MASK, incl - m, stretch);
