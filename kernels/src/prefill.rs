@@ -46,7 +46,9 @@ pub enum PrefillKernel {
     Wgmma,
     /// [`Self::Wgmma`] with warp specialization: a third warpgroup copies K/V into a ring of
     /// stages handed over through mbarriers (tiles of full pages by the TMA), so the two that
-    /// compute never wait at a block-wide barrier (same inputs as `Wgmma`).
+    /// compute never wait at a block-wide barrier; persistent: one block a multiprocessor takes
+    /// `Wgmma`'s blocks as work items, loading the next while it computes the last (same
+    /// inputs as `Wgmma`).
     WgmmaWarpSpecialized,
 }
 
@@ -112,15 +114,20 @@ impl PrefillKernel {
 
     /// Dynamic shared memory a block: none for the `mma.sync` kernel (its arrays are static);
     /// for the Hopper kernels Q (128 rows), two stages of K and three of V (128 slots, head_dim
-    /// 128, bf16), slot tables (three; two with their flags and the ten mbarriers of the
-    /// stages) and an int a warp, plus 1 KiB to align the tiles to the swizzle's 1024 bytes.
+    /// 128, bf16), slot tables (three; or two with their flags, work items and the twelve
+    /// mbarriers of the stages and of Q) and an int a warp (a producer warp), plus 1 KiB to
+    /// align the tiles to the swizzle's 1024 bytes.
     fn shared_bytes(self) -> usize {
         let tile = 128 * 128 * 2;
         let table = (2 * 128 + 1) * 4;
+        let item = 7 * 4;
         match self {
             Self::Mma => 0,
             Self::Wgmma => 6 * tile + 3 * table + 8 * 4 + 1024,
-            Self::WgmmaWarpSpecialized => 6 * tile + 2 * (table + 4) + 10 * 8 + 12 * 4 + 1024,
+            // The last 8: the next item's index, padded to the mbarriers' 8-byte alignment.
+            Self::WgmmaWarpSpecialized => {
+                6 * tile + 2 * (table + 4) + 2 * item + 12 * 8 + 4 * 4 + 8 + 1024
+            }
         }
     }
 }
@@ -218,19 +225,26 @@ pub fn prefill_attention_on<C: CacheRead>(
         shift,
         check::int(K, "num_pages", inputs.cache.num_pages)?,
     ];
-    let tiles = check::int(K, "query tiles", tiles)? as u32;
+    let tiles = check::int(K, "query tiles", tiles)?;
     let (seqs, heads) = (num_seqs as u32, inputs.cache.num_kv_heads as u32);
     let blocks = match kernel {
-        PrefillKernel::Mma => (tiles, seqs, heads),
+        PrefillKernel::Mma => (tiles as u32, seqs, heads),
         // Heaviest tiles first (hopper_attention.cuh): the tiles are the slowest dimension.
-        PrefillKernel::Wgmma | PrefillKernel::WgmmaWarpSpecialized => {
-            if tiles > MAX_GRID_Z {
+        PrefillKernel::Wgmma => {
+            if tiles as u32 > MAX_GRID_Z {
                 return Err(check::invalid(
                     K,
                     "too many query rows in one sequence for the wgmma kernels' grid",
                 ));
             }
-            (seqs, heads, tiles)
+            (seqs, heads, tiles as u32)
+        }
+        // The same blocks as work items, in the same order, for one block a multiprocessor.
+        PrefillKernel::WgmmaWarpSpecialized => {
+            let items = check::int(K, "work items", num_seqs * inputs.cache.num_kv_heads)?
+                .checked_mul(tiles)
+                .ok_or_else(|| check::invalid(K, "too many work items for one launch"))?;
+            ((items as u32).min(gpu.num_sms() as u32), 1, 1)
         }
     };
     let causal = causal as i32;
@@ -242,15 +256,14 @@ pub fn prefill_attention_on<C: CacheRead>(
         launch.arg(i);
     }
     launch.arg(&inputs.sm_scale).arg(&causal);
-    // The warp-specialized kernel copies tiles that pages lay out whole with the TMA: a box a
-    // page (of at most a tile's 128 rows) and 64 columns. (A cache of no rows has no page to
-    // copy; its map describes one row, which is never read.)
+    // The warp-specialized kernel copies tiles that pages lay out whole with the TMA, in boxes
+    // of 16 rows (the smallest page) and 64 columns. (A cache of no rows has no page to copy;
+    // its map describes one row, which is never read.)
     let maps = match kernel {
         PrefillKernel::WgmmaWarpSpecialized => {
-            let box_rows = inputs.cache.page_size.min(128) as u32;
             let map = |cache: &C| {
                 let rows = (cache.elements() / d).max(1);
-                tma::rows_of_128(cache.address(gpu), rows, box_rows)
+                tma::rows_of_128(cache.address(gpu), rows, 16)
             };
             Some((map(&inputs.k_cache)?, map(&inputs.v_cache)?))
         }
@@ -259,8 +272,10 @@ pub fn prefill_attention_on<C: CacheRead>(
     if kernel == PrefillKernel::Mma {
         launch.arg(&k_scale).arg(&v_scale);
     }
+    // The work items' first and third dimensions: sequences and the longest one's query tiles.
+    let seqs_arg = check::int(K, "sequences", num_seqs)?;
     if let Some((k_map, v_map)) = &maps {
-        launch.arg(k_map).arg(v_map);
+        launch.arg(k_map).arg(v_map).arg(&seqs_arg).arg(&tiles);
     }
     let config = LaunchConfig {
         shared_mem_bytes: kernel.shared_bytes() as u32,

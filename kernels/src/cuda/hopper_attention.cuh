@@ -22,28 +22,30 @@ __device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
     return *reinterpret_cast<T*>(raw + (((at + 1023) & ~1023u) - at));
 }
 
-// Where a block works: grid = (sequences, KV heads, query tiles). The hardware starts blocks x
-// first, then y, then z (what it does, not a documented promise), and z counts query tiles from
-// each sequence's last, which has the most causal work: every sequence's and head's last tile
-// starts first, then the tiles before them. With one block an SM, a heavy tile started in the
-// last wave would leave the other SMs idle while it runs (FlashInfer's planner sorts its work
-// longest first for the same reason). The block's
-// rows are row0.. of the sequence's `rows` (q_len x group); a sequence with fewer tiles than
-// the grid's z gets row0 past its rows: no work.
+// Where a block works: (sequence, KV head, rank), the grid's (x, y, z) in prefill_hopper.cu, a
+// work item's in prefill_hopper_ws.cu, which takes them in the same order. The hardware starts
+// blocks x first, then y, then z (what it does, not a documented promise), and the rank counts
+// query tiles from each sequence's last, which has the most causal work: every sequence's and
+// head's last tile starts first, then the tiles before them. With one block an SM, a heavy tile
+// started in the last wave would leave the other SMs idle while it runs (FlashInfer's planner
+// sorts its work longest first for the same reason). The block's rows are row0.. of the
+// sequence's `rows` (q_len x group); a sequence with fewer tiles than the largest rank gets
+// row0 past its rows: no work.
 struct HopperBlock {
     int seq, kv_head, group, q0, q_len, rows, row0;
 };
 
 __device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num_q_heads,
-                                                    int num_kv_heads) {
+                                                    int num_kv_heads, int seq, int kv_head,
+                                                    int rank) {
     HopperBlock b;
-    b.seq = blockIdx.x;
-    b.kv_head = blockIdx.y;
+    b.seq = seq;
+    b.kv_head = kv_head;
     b.group = num_q_heads / num_kv_heads;
     b.q0 = q_indptr[b.seq];
     b.q_len = q_indptr[b.seq + 1] - b.q0;
     b.rows = b.q_len * b.group;
-    const int tiles = (b.rows + HOP_M - 1) / HOP_M, rank = blockIdx.z;
+    const int tiles = (b.rows + HOP_M - 1) / HOP_M;
     b.row0 = rank < tiles ? (tiles - 1 - rank) * HOP_M : b.rows;
     return b;
 }

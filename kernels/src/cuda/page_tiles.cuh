@@ -66,7 +66,10 @@ __device__ __forceinline__ Slot find_slot(int j, SlotWalker& w, const int* page_
             row = (page * num_kv_heads + kv_head) * page_size + offset;
         }
     }
-    const Slot slot{logical, row, w.base};
+    // The tile's first logical index: a big page's later tiles start `sub` tiles into it, or
+    // where its tokens end when the page is filled only partly (no later slot holds less).
+    const int tile_start = w.base + (big ? min(sub * TILE, advance) : 0);
+    const Slot slot{logical, row, tile_start};
     if (!big || sub == tiles_per_entry - 1) w.base += advance;
     return slot;
 }
@@ -98,19 +101,22 @@ __device__ __forceinline__ int count_tiles(int num_entries, int page_size) {
 }
 
 // The sequence's total KV tokens (the sum of its entries' lengths), which places its queries at
-// the end. Every thread of the block gets it; `scratch` holds one int per warp.
+// the end: summed by threads 0..threads-1, which meet at `sync` and all get it. `scratch` holds
+// one int per warp.
+template <class Sync>
 __device__ __forceinline__ int sequence_kv_len(const int* page_lens, int num_entries,
-                                               int page_size, int* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+                                               int page_size, int* scratch, int threads,
+                                               Sync sync) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int mine = 0;
-    for (int e = threadIdx.x; e < num_entries; e += blockDim.x)
+    for (int e = threadIdx.x; e < num_entries; e += threads)
         mine += min(max(page_lens[e], 0), page_size);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(FULL_MASK, mine, o);
     if (lane == 0) scratch[warp] = mine;
-    __syncthreads();
+    sync();
     int kv_len = 0;
-    for (int w = 0; w < warps; ++w) kv_len += scratch[w];
+    for (int w = 0; w < threads / 32; ++w) kv_len += scratch[w];
     return kv_len;
 }
 
@@ -123,16 +129,26 @@ struct SequencePages {
     int kv_len;
 };
 
-// The pages of sequence `seq`. Every thread of the block calls it; `scratch` holds one int per
-// warp.
+// The pages of sequence `seq`, read by threads 0..threads-1 (by default the whole block), which
+// meet at `sync` once; `scratch` holds one int per warp.
+template <class Sync>
+__device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
+                                                        const int* kv_page_ids,
+                                                        const int* kv_page_lens, int seq,
+                                                        int page_size, int* scratch, int threads,
+                                                        Sync sync) {
+    const int e0 = kv_indptr[seq];
+    SequencePages p{kv_page_ids + e0, kv_page_lens + e0, kv_indptr[seq + 1] - e0, 0};
+    p.kv_len = sequence_kv_len(p.page_lens, p.num_entries, page_size, scratch, threads, sync);
+    return p;
+}
+
 __device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
                                                         const int* kv_page_ids,
                                                         const int* kv_page_lens, int seq,
                                                         int page_size, int* scratch) {
-    const int e0 = kv_indptr[seq];
-    SequencePages p{kv_page_ids + e0, kv_page_lens + e0, kv_indptr[seq + 1] - e0, 0};
-    p.kv_len = sequence_kv_len(p.page_lens, p.num_entries, page_size, scratch);
-    return p;
+    return sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, scratch,
+                          (int)blockDim.x, [] { __syncthreads(); });
 }
 
 // The last KV index that block row `r` (query token r / group of the sequence's q_len) sees:

@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     extern __shared__ unsigned char raw_smem[];
     auto& s = aligned_shared<HopperShared>(raw_smem);
     const auto [seq, kv_head, group, q0, q_len, rows, row0] =
-        hopper_block(q_indptr, num_q_heads, num_kv_heads);
+        hopper_block(q_indptr, num_q_heads, num_kv_heads, blockIdx.x, blockIdx.y, blockIdx.z);
     if (row0 >= rows) return;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -1,6 +1,7 @@
 // Paged prefill attention on Hopper (sm_90a) with a producer warpgroup: prefill_hopper.cu's
 // products, softmax and overlap, fed the way FlashAttention-3 feeds them ("warp specialization",
-// Shah et al., 2024).
+// Shah et al., 2024), by blocks that stay on their multiprocessor and take work items one after
+// another (FlashAttention-3's persistent kernel).
 //
 // Why: in prefill_hopper.cu every thread copies the next tile and waits for its own copies, and
 // a block-wide barrier a tile publishes them. The profiler shows that kernel latency-bound, its
@@ -8,17 +9,15 @@
 // time. Here the copies are a separate warpgroup's job, and the hand-over is per stage:
 //
 //   block = three warpgroups (384 threads): warpgroup 0 the producer, warpgroups 1 and 2 the
-//   consumers, owning rows 0..63 and 64..127 of the block's 128 as the two warpgroups of
+//   consumers, owning rows 0..63 and 64..127 of a work item's 128 as the two warpgroups of
 //   prefill_hopper.cu do, with the same step (tile j's Q K^T issued with tile j-1's P V).
 //
 //   The producer walks the tiles ahead of the consumers: for tile j it reads the slots from the
 //   page table, waits until the stage it refills is free ("empty" mbarrier), writes the slot
 //   table (page_tiles.cuh) and starts the copies of K and V, each completing on the stage's
 //   "full" mbarrier. Nobody waits for a copy but the warps that read it. A tile whose pages
-//   are all full is copied by the TMA, a box a page (FlashAttention-3's loads, made paged);
-//   any other by cp.async, slot by slot (cp.async.mbarrier.arrive). Counted by the consumers'
-//   waits, the cp.async copies had set the pace: 128 threads issuing 32 copies a tile each kept
-//   the consumers waiting for K a third of the time.
+//   are all full is copied by the TMA in boxes of 16 rows and 64 columns (FlashAttention-3's
+//   loads, made paged); any other by cp.async, slot by slot (cp.async.mbarrier.arrive).
 //   K and its slot table use a ring of two stages, V a ring of three: a consumer releases tile
 //   j's K and table once its scores are masked in step j, and tile j's V only in step j+1,
 //   after the P V that reads it.
@@ -35,30 +34,51 @@
 //   softmax. A turn is a named barrier a consumer (256 threads: its own 128 wait with bar.sync,
 //   the other's 128 arrive with bar.arrive).
 //
-// No block-wide barrier after the start. Where the walk ends early (causally, the first tile
-// wholly in the future of the block's last row), the producer still publishes that tile's slot
-// table, without copies, and stops: both consumers read the same `start` and stop there too, so
-// every barrier a warp waits on is one that the other side completes. For the turns this means
-// both consumers take the same number (one a tile walked, one for the last P V): consumer 0
-// takes its first without waiting and consumer 1 hands none over after its last, so each
-// arrival meets a wait and no barrier is left half-completed at exit.
+// Work items. An item is the rows of one query tile of one (sequence, KV head), as one block of
+// prefill_hopper.cu, in the same heaviest-first order (hopper_attention.cuh). The grid is one
+// block an SM; block b starts with item b and then takes the next untaken item from a counter in
+// global memory as its producer finishes the one before. Taken as blocks free up, the items are
+// scheduled as the hardware schedules a grid of blocks (longest first), but a block's fixed
+// costs now overlap its work: the next item's page table, Q and first K and V load while the
+// consumers still compute the item before, and no block waits for another to leave its SM.
+// A block of one item had waited 7-9 us from its start for its first K on an H100 (block
+// timestamps in docs/benchmarks/LOG.md), and a prompt of 512 tokens walks one to four tiles an
+// item.
+//
+// The stages' rings run on across items: counters of K and V stage uses, not tile indices, give
+// each wait its stage and parity. The producer writes each item's description into the K stage
+// of its first tile, so the consumers read it with that tile; a stage whose tile is in the
+// future of every row (causal) or past the item's pages carries no copies and ends the item's
+// walk. Q lands on its own mbarrier: the producer starts the next item's Q once both consumers
+// have stored the rows of the last one (they stage them through Q's memory).
+//
+// The ping-pong runs on across items too: each consumer takes one turn a tile walked and one
+// for the last P V, so the turns alternate for the whole kernel. Consumer 0's first turn is its
+// own; consumer 1 hands the turn over after every one of its turns, and consumer 0 takes the
+// last hand-over at the end, so no barrier is left half-completed at exit. A value that decides
+// whether a warp takes a turn or leaves a loop is made warp-uniform (a vote or a reduction):
+// when ptxas cannot prove a branch around the products uniform it guards them with extra
+// synchronization, and the whole kernel was up to 4% slower.
 
 #define WS_THREADS 384
 #define WS_PRODUCER_THREADS 128
 #define WS_CONSUMER_WARPS 8
 // Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
-// rounded down to a multiple of 8): 128 x 32 + 256 x 232. ptxas compiles each side to its own
-// limit; the consumers' step fits in 192 without spills, the producer's walk spills at 24. The
-// producer's pace shows in the whole kernel's: given 40 to carry more state (tile 0's slots read
-// before the first barrier) it spilled 24 bytes, and every bench shape lost 2-13%.
-#define WS_PRODUCER_REGS 32
-#define WS_CONSUMER_REGS 232
+// rounded down to a multiple of 8): 128 x 56 + 256 x 216. Neither side spills. The consumers'
+// step fits in 192 without spills; given 232 (the producer 40) the kernel was 0-4% slower.
+#define WS_PRODUCER_REGS 56
+#define WS_CONSUMER_REGS 216
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
-// for its turn at WS_TURN_BARRIER + c.
+// for its turn at WS_TURN_BARRIER + c and stores its rows at WS_STORE_BARRIER + c.
 #define WS_PRODUCER_BARRIER 1
 #define WS_TURN_BARRIER 2
 #define WS_STORE_BARRIER 4
 #define WS_CONSUMER_THREADS 256
+
+// A work item as the consumers need it; seq < 0: no more work.
+struct WsItem {
+    int seq, kv_head, row0, q0, q_len, kv_len, num_tiles;
+};
 
 struct WsShared {
     bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
@@ -66,9 +86,18 @@ struct WsShared {
     bf16 v[3][HOP_N * HOP_D];
     SlotTable<HOP_N> tab[2];  // with K's stages: tile j's table is released with its K
     int dense[2];             // whether tile j's every slot holds the next token
-    u64 full_k[2], empty_k[2], full_v[3], empty_v[3];
-    int reduce[WS_THREADS / 32];
+    WsItem item[2];           // with K's stages: the item whose first tile the stage holds
+    u64 full_k[2], empty_k[2], full_v[3], empty_v[3], q_full, q_empty;
+    int reduce[WS_PRODUCER_THREADS / 32];
+    int next;  // the producer's next item
 };
+
+// The next untaken work item past the grid's first ones, and how many blocks have taken their
+// last: the last block to finish sets both back to zero for the next launch. A module's globals
+// belong to its context, and the launches that share them run one after the other on its
+// stream.
+__device__ unsigned int ws_next_item;
+__device__ unsigned int ws_blocks_done;
 
 // Arrives on `bar` once every cp.async this thread has issued so far has landed. `noinc`: the
 // arrival counts against the count `bar` was initialised with.
@@ -107,6 +136,12 @@ __device__ __forceinline__ bool producer_all(bool pred) {
     return all;
 }
 
+// The producer's 128 threads meet.
+__device__ __forceinline__ void producer_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(WS_PRODUCER_BARRIER), "n"(WS_PRODUCER_THREADS)
+                 : "memory");
+}
+
 // Waits at named barrier `id` until `WS_CONSUMER_THREADS` threads have arrived or waited there.
 __device__ __forceinline__ void named_barrier_sync(int id) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
@@ -117,172 +152,204 @@ __device__ __forceinline__ void named_barrier_arrive(int id) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(WS_CONSUMER_THREADS) : "memory");
 }
 
-// Warpgroup 0 (threads 0..127): fills the stages of tiles 0, 1, ... Tile j's K and slot table
-// go to stage j % 2 once both consumers released tile j-2's, its V to stage j % 3 once they
-// released tile j-3's. The parity a wait names is that of the stage's use: its
-// (j / stages)-th completion.
+// The same value in every lane, as the compiler can see (a reduction's result is uniform).
+__device__ __forceinline__ int warp_uniform(int x) {
+    return (int)__reduce_max_sync(FULL_MASK, (unsigned)x);
+}
+
+// Warpgroup 0 (threads 0..127): takes the block's work items and fills the stages of their
+// tiles. Tile t of the kernel (counted over its items) has its K and slot table in stage t % 2
+// once both consumers released that stage's use before, its V in stage t % 3 likewise. The
+// parity a wait names is that of the stage's use: its (uses / stages)-th completion.
 struct WsProducer {
     WsShared& s;
+    const bf16* q;
     const bf16* k_cache;
     const bf16* v_cache;
-    const int* page_ids;
-    const int* page_lens;
-    int num_entries, page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles;
-    int q_hi;  // the last KV index the block's last row sees
+    const int* q_indptr;
+    const int* kv_indptr;
+    const int* kv_page_ids;
+    const int* kv_page_lens;
     const TensorMap* k_map;
     const TensorMap* v_map;
+    int num_q_heads, num_kv_heads, page_size, page_shift, num_pages, causal, num_seqs, ranks;
+    int kt = 0, vt = 0, items = 0;  // K and V stage uses, items walked
+    // The item being walked: its pages, its KV head and the last KV index its last row sees.
+    const int* page_ids = nullptr;
+    const int* page_lens = nullptr;
+    int num_entries = 0, kv_head = 0, q_hi = 0;
 
-    // This thread's slot of tile j, read from the page table.
-    __device__ __forceinline__ Slot find(const int j, SlotWalker& walker) const {
-        return find_slot<HOP_N>(j, walker, page_ids, page_lens, num_entries, page_size,
-                                page_shift, num_pages, num_kv_heads, kv_head);
+    // The next untaken item, for every producer thread.
+    __device__ __forceinline__ int take_item() {
+        if (threadIdx.x == 0) s.next = gridDim.x + atomicAdd(&ws_next_item, 1u);
+        producer_sync();
+        const int item = warp_uniform(s.next);
+        producer_sync();  // every thread has read it before it is written again
+        return item;
+    }
+
+    // Waits until K's next stage is free; its index.
+    __device__ __forceinline__ int next_k_stage() {
+        const int ks = kt & 1;
+        if (kt >= 2) mbarrier_wait(&s.empty_k[ks], ((kt >> 1) & 1) ^ 1);
+        return ks;
+    }
+
+    // This thread's entry of tile j: its length and page, read a tile ahead.
+    struct Entry {
+        int len, page;
+    };
+    __device__ __forceinline__ Entry load_entry(const int j) const {
+        const int c = threadIdx.x;
+        const bool big = page_shift >= 7;  // a page of at least one tile
+        const int e = big ? j >> (page_shift - 7) : j * (HOP_N >> page_shift) + (c >> page_shift);
+        if (e >= num_entries) return {0, -1};
+        return {page_lens[e], page_ids[e]};
+    }
+
+    // Writes tile j's slots into `tab` and meets the other producer threads; whether the tile
+    // is dense (every slot holds the next token). The common case needs only this thread's own
+    // entry: the tile is dense when every thread's slot is filled and, for pages smaller than a
+    // tile, every page is full. Anything else takes the general walk of page_tiles.cuh, which
+    // reads every entry of the tile in every thread: at pages of 16 that was the producer's
+    // pace on long walks.
+    __device__ __forceinline__ int publish_slots(const int j, const Entry a, SlotWalker& w,
+                                                 SlotTable<HOP_N>& tab, bool& dense) const {
+        const int c = threadIdx.x;
+        const bool big = page_shift >= 7;
+        const int per_entry = big ? 1 << (page_shift - 7) : 1;  // tiles an entry
+        const int sub = j & (per_entry - 1);
+        const int offset = big ? sub * HOP_N + c : c & (page_size - 1);
+        const int len = min(max(a.len, 0), page_size);
+        const bool ok =
+            offset < len && a.page >= 0 && a.page < num_pages && (big || len == page_size);
+        const int start = w.base + sub * HOP_N;
+        write_slot(tab, Slot{start + c, (a.page * num_kv_heads + kv_head) * page_size + offset,
+                             start});
+        if (producer_all(ok)) {
+            if (sub == per_entry - 1) w.base += big ? page_size : HOP_N;
+            dense = true;
+            return start;
+        }
+        const Slot slot = find_slot<HOP_N>(j, w, page_ids, page_lens, num_entries, page_size,
+                                           page_shift, num_pages, num_kv_heads, kv_head);
+        write_slot(tab, slot);
+        dense = producer_all(slot.logical == slot.start + c);
+        return slot.start;
     }
 
     // Copies one tile of K or V (`map`, over `cache`) into `dst`, counted on `bar`. A dense
-    // tile (every slot holds the next token, so each page's slots are consecutive cache rows)
-    // goes through the TMA: a box of up to 128 rows and 64 columns a page and half, which the
-    // copy engine writes swizzled, with no copy instructions in the other threads. The 16 boxes
-    // of 16-slot pages are asked for by 16 lanes at once, each its own; fewer, by one thread.
-    // The producer's pace is the kernel's, so how it asks shows: on the 1 x 4096 prompt 16
-    // lanes gave 334 TFLOP/s against 301 from one thread, one thread beat 4 lanes on pages of 64
-    // (489 against 450), and the same split written as one strided loop (lane b asking for boxes
-    // b, b + lanes, ...) lost 7-13% on pages of 16-64. Any other tile (a page partly filled or
+    // tile (each page's slots are consecutive cache rows) goes through the TMA: 16 boxes of 16
+    // rows and 64 columns, which the copy engine writes swizzled, with no copy instructions in
+    // the other threads. Lanes 0..3 of each producer warp ask for four boxes each: the
+    // producer's pace is the kernel's, and with 16 lanes of one warp asking, long prompts on
+    // pages of 16 took a quarter to a third longer. Any other tile (a page partly filled or
     // missing) is gathered slot by slot with cp.async, empty slots as zeros. Either way every
     // thread then arrives on `bar` as its copies count.
     __device__ __forceinline__ void copy_tile(bf16* dst, const TensorMap* map, const bf16* cache,
-                                              const int* rows, bool dense, u64* bar) {
+                                              const int* rows, bool dense, u64* bar) const {
         if (dense) {
-            const int box = min(page_size, HOP_N), t = threadIdx.x;
+            const int t = threadIdx.x;
             if (t == 0) mbarrier_expect_tx(bar, HOP_N * HOP_D * (int)sizeof(bf16));
-            if (box == 16) {
-                const int half = t & 1, i = (t >> 1) * 16;  // lane t: page t / 2, half t % 2
-                if (t < 16)
-                    tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
-                                half * 64, rows[i], bar);
-            } else if (t == 0) {
-                for (int i = 0; i < HOP_N; i += box)
-                    for (int half = 0; half < 2; ++half)
-                        tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
-                                    half * 64, rows[i], bar);
-            }
+            const int b = (t >> 5) * 4 + (t & 3);  // box b: 16 slots from 16 (b / 2), half b % 2
+            const int half = b & 1, i = (b >> 1) * 16;
+            if ((t & 31) < 4)
+                tma_load_2d(reinterpret_cast<char*>(dst) + (half * HOP_N + i) * 128, map,
+                            half * 64, rows[i], bar);
         } else {
             hopper_load_kv<WS_PRODUCER_THREADS>(dst, nullptr, rows, cache, nullptr);
         }
         cp_async_arrive(bar);
     }
 
-    // The walk; Q's copies, issued before, complete on tile 0's full barrier with its K.
-    // Tile j + 1's slots are read at the end of tile j, before waiting for their stage: the
-    // page table's latency passes while the consumers still hold it.
-    __device__ __forceinline__ void run() {
+    // Publishes `it` in the next K stage with no tile: an item without pages, or the end.
+    __device__ __forceinline__ void publish_alone(const WsItem& it) {
+        const int ks = next_k_stage();
+        if (threadIdx.x == 0) s.item[ks] = it;
+        mbarrier_arrive(&s.full_k[ks]);
+        cp_async_arrive(&s.full_k[ks]);
+        ++kt;
+    }
+
+    // Starts the item's Q once both consumers have stored the rows of the item before through
+    // its memory; it lands on q_full.
+    __device__ __forceinline__ void load_q(const HopperBlock& b) {
+        if (items > 0) mbarrier_wait(&s.q_empty, (items - 1) & 1);
+        hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, b.row0, b.rows, b.group, b.kv_head, b.q0,
+                                           num_q_heads);
+        cp_async_arrive(&s.q_full);
+    }
+
+    // Publishes the tiles of item `it` (block rows `b`), the first with the description, until
+    // they end or causality ends them. Tile j + 1's entries are read at the end of tile j,
+    // before waiting for their stage: the page table's latency passes while the consumers
+    // still hold it.
+    __device__ __forceinline__ void walk(const WsItem& it, const HopperBlock& b) {
+        if (it.num_tiles == 0) {
+            publish_alone(it);
+            return;
+        }
         SlotWalker walker{0};
-        Slot slot = find(0, walker);
-        for (int j = 0; j < num_tiles; ++j) {
-            const int ks = j & 1, vs = j % 3;
-            if (j >= 2) mbarrier_wait(&s.empty_k[ks], ((j >> 1) & 1) ^ 1);
-            write_slot(s.tab[ks], slot);
-            const int start = slot.start;
-            // The meeting also makes the table whole before any thread copies by it, and keeps
-            // a thread from rewriting table j + 2 while another still copies by table j.
-            const int c = threadIdx.x;
-            const bool dense = producer_all(slot.logical == start + c);
+        Entry a = load_entry(0);
+        for (int j = 0; j < it.num_tiles; ++j) {
+            const int ks = next_k_stage();
+            if (j == 0 && threadIdx.x == 0) s.item[ks] = it;
+            // The meeting in publish_slots also makes the table whole before any thread copies
+            // by it, and keeps a thread from rewriting this stage's table while another still
+            // copies by it.
+            bool dense;
+            const int start = publish_slots(j, a, walker, s.tab[ks], dense);
             if (threadIdx.x == 0) s.dense[ks] = dense;
             mbarrier_arrive(&s.full_k[ks]);  // the table
-            const bool stop = start > q_hi;  // causal: this tile and all later are future
-            if (stop) {
+            ++kt;
+            // Causal: this tile and all later ones are in the future of every row.
+            if (__any_sync(FULL_MASK, start > q_hi)) {
                 cp_async_arrive(&s.full_k[ks]);  // no copies
-                break;
+                return;
             }
             copy_tile(s.k[ks], k_map, k_cache, s.tab[ks].row, dense, &s.full_k[ks]);
-            if (j >= 3) mbarrier_wait(&s.empty_v[vs], ((j / 3) & 1) ^ 1);
+            if (j == 0) load_q(b);
+            const int vs = vt % 3;
+            if (vt >= 3) mbarrier_wait(&s.empty_v[vs], ((vt / 3) & 1) ^ 1);
             copy_tile(s.v[vs], v_map, v_cache, s.tab[ks].row, dense, &s.full_v[vs]);
-            if (j + 1 < num_tiles) slot = find(j + 1, walker);
+            ++vt;
+            if (j + 1 < it.num_tiles) a = load_entry(j + 1);
         }
+    }
+
+    // Walks the block's items, then tells the consumers to stop; the last block out resets the
+    // counter of items.
+    __device__ __forceinline__ void run() {
+        const int total = num_seqs * num_kv_heads * ranks;
+        for (int item = blockIdx.x; item < total; item = take_item()) {
+            const HopperBlock b =
+                hopper_block(q_indptr, num_q_heads, num_kv_heads, item % num_seqs,
+                             (item / num_seqs) % num_kv_heads, item / (num_seqs * num_kv_heads));
+            if (__any_sync(FULL_MASK, b.row0 >= b.rows)) continue;  // a shorter sequence
+            // Its meeting's scratch is free again: take_item met twice since the last use.
+            const SequencePages sp =
+                sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, b.seq, page_size, s.reduce,
+                               WS_PRODUCER_THREADS, [] { producer_sync(); });
+            page_ids = sp.page_ids;
+            page_lens = sp.page_lens;
+            num_entries = sp.num_entries;
+            kv_head = b.kv_head;
+            const int last_row = min(b.rows, b.row0 + HOP_M) - 1;
+            q_hi = last_visible(last_row, b.rows, b.group, causal, sp.kv_len, b.q_len);
+            const int num_tiles = warp_uniform(count_tiles<HOP_N>(sp.num_entries, page_size));
+            walk(WsItem{b.seq, b.kv_head, b.row0, b.q0, b.q_len, sp.kv_len, num_tiles}, b);
+            ++items;
+        }
+        publish_alone(WsItem{-1, 0, 0, 0, 0, 0, 0});
         // The consumers wait for every copy they read.
         cp_async_drain();
-    }
-};
-
-// A consumer warpgroup's walk over the KV tiles: prefill_hopper.cu's step, with the stage
-// hand-over of mbarriers in place of the block-wide barrier and the products issued in turns.
-struct WsConsumer {
-    WsShared& s;
-    int c;           // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
-    int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
-    int q_lo, q_hi;  // the same for the block's first and last rows
-    u32 q_addr;      // this warpgroup's first Q row in shared memory
-    float scale;     // sm_scale in log2 units
-    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
-    u32 pa[HOP_N / 16][4];     // the previous tile's P
-    float m[2], l[2];
-
-    // Waits for tile j's V; its shared address.
-    __device__ __forceinline__ u32 wait_v(const int j) {
-        mbarrier_wait(&s.full_v[j % 3], (j / 3) & 1);
-        return shared_address(s.v[j % 3]);
-    }
-
-    // Releases a stage: every lane of the warp is done with it (its wgmmas waited for, its
-    // reads of the slot table made), then one arrival a warp.
-    __device__ __forceinline__ void release(u64* bar) {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
-    }
-
-    // Waits until this consumer may issue products. Consumer 0's first turn is its own.
-    template <bool FIRST>
-    __device__ __forceinline__ void take_turn() {
-        if (!FIRST || c == 1) named_barrier_sync(WS_TURN_BARRIER + c);
-    }
-
-    // Hands the turn to the other consumer, whose wait needs this warpgroup's 128 arrivals.
-    // After consumer 1's last products (LAST) there is no turn to hand over.
-    template <bool LAST>
-    __device__ __forceinline__ void pass_turn() {
-        if (!LAST || c == 0) named_barrier_arrive(WS_TURN_BARRIER + (c ^ 1));
-    }
-
-    // One tile: false when causality ends the walk before it. The data are waited for, and the
-    // stop decided, before the turn: a consumer that stops takes no turn for this tile.
-    template <bool FIRST>
-    __device__ __forceinline__ bool step(const int j) {
-        const int ks = j & 1;
-        mbarrier_wait(&s.full_k[ks], (j >> 1) & 1);
-        if (s.tab[ks].start > q_hi) return false;
-        u32 v_addr = 0;
-        if constexpr (!FIRST) v_addr = wait_v(j - 1);
-        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
-        // async proxy: the mbarriers' acquire orders the copies before this thread's later
-        // accesses, and the proxy fence extends that order to its wgmma reads.
-        fence_async_shared();
-        float sc[HOP_N / 2];
-        take_turn<FIRST>();
-        issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, shared_address(s.k[ks]), v_addr);
-        pass_turn<false>();
-        wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
-        fence_registers(sc);
-
-        mask_tile(sc, s.tab[ks], s.dense[ks], q_lo, q_index);
-        release(&s.empty_k[ks]);
-        float alpha[2];
-        online_softmax(sc, m, l, alpha, scale);
-
-        settle_step(o_lo, o_hi, pa, sc, alpha);
-        if constexpr (!FIRST) release(&s.empty_v[(j - 1) % 3]);  // the P V that read it is done
-        return true;
-    }
-
-    // The last tile's P V, once the walk has computed `done` tiles' scores: a turn of its own
-    // (none when no tile was walked, as then neither consumer took any). Its V stage needs no
-    // release: the producer has stopped.
-    __device__ __forceinline__ void finish(const int done) {
-        if (done == 0) return;
-        const u32 v_addr = wait_v(done - 1);
-        fence_async_shared();
-        take_turn<false>();
-        issue_last_pv(o_lo, o_hi, pa, v_addr);
-        pass_turn<true>();
-        settle_last_pv(o_lo, o_hi, pa);
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(&ws_blocks_done, 1u) == gridDim.x - 1) {
+                ws_next_item = 0;
+                ws_blocks_done = 0;
+            }
+        }
     }
 };
 
@@ -335,7 +402,130 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
     }
 }
 
-// One block an SM: 128 rows, 128-slot tiles, a producer and two consumer warpgroups.
+// A consumer warpgroup: walks the items the producer publishes, a tile a step (prefill_hopper.cu's
+// step, with the stage hand-over of mbarriers in place of the block-wide barrier and the products
+// issued in turns), and stores each item's rows.
+struct WsConsumer {
+    WsShared& s;
+    int c;  // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
+    int group, causal;
+    u32 q_addr;   // this warpgroup's first Q row in shared memory
+    float scale;  // sm_scale in log2 units
+    int kt = 0, vt = 0, qs = 0, turns = 0;  // K and V stage uses, Qs and turns taken
+    int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
+    int q_lo, q_hi;  // the same for the item's first and last rows
+    float o_lo[32], o_hi[32];  // output columns 0..63 and 64..127
+    u32 pa[HOP_N / 16][4];     // the previous tile's P
+    float m[2], l[2];
+
+    // Waits for V's use `use`; its shared address.
+    __device__ __forceinline__ u32 wait_v(const int use) {
+        mbarrier_wait(&s.full_v[use % 3], (use / 3) & 1);
+        return shared_address(s.v[use % 3]);
+    }
+
+    // Releases a stage: every lane of the warp is done with it (its wgmmas waited for, its
+    // reads of the slot table made), then one arrival a warp.
+    __device__ __forceinline__ void release(u64* bar) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
+    }
+
+    // Waits until this consumer may issue products: consumer 0's first turn of the kernel is
+    // its own. Only an item's first step can be that turn.
+    template <bool FIRST>
+    __device__ __forceinline__ void take_turn() {
+        if (!FIRST || __any_sync(FULL_MASK, c == 1 || turns > 0))
+            named_barrier_sync(WS_TURN_BARRIER + c);
+        ++turns;
+    }
+
+    // Hands the turn to the other consumer, whose wait needs this warpgroup's 128 arrivals.
+    __device__ __forceinline__ void pass_turn() {
+        named_barrier_arrive(WS_TURN_BARRIER + (c ^ 1));
+    }
+
+    // The item's tile j: false when causality ends the walk before it (its stage, which holds
+    // no copies, is released). Tile 0's K stage was waited for with the item's description.
+    template <bool FIRST>
+    __device__ __forceinline__ bool step(const int j) {
+        const int ks = kt & 1;
+        if (!FIRST) mbarrier_wait(&s.full_k[ks], (kt >> 1) & 1);
+        if (__any_sync(FULL_MASK, s.tab[ks].start > q_hi)) {
+            release(&s.empty_k[ks]);
+            ++kt;
+            return false;
+        }
+        if (FIRST) mbarrier_wait(&s.q_full, qs++ & 1);
+        u32 v_addr = 0;
+        if constexpr (!FIRST) v_addr = wait_v(vt + j - 1);
+        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
+        // async proxy: the mbarriers' acquire orders the copies before this thread's later
+        // accesses, and the proxy fence extends that order to its wgmma reads.
+        fence_async_shared();
+        float sc[HOP_N / 2];
+        take_turn<FIRST>();
+        issue_step<FIRST>(sc, o_lo, o_hi, pa, q_addr, shared_address(s.k[ks]), v_addr);
+        pass_turn();
+        wgmma_wait<FIRST ? 0 : 1>();  // the scores; P V may still run
+        fence_registers(sc);
+
+        mask_tile(sc, s.tab[ks], s.dense[ks], q_lo, q_index);
+        release(&s.empty_k[ks]);
+        ++kt;
+        float alpha[2];
+        online_softmax(sc, m, l, alpha, scale);
+
+        settle_step(o_lo, o_hi, pa, sc, alpha);
+        if constexpr (!FIRST) release(&s.empty_v[(vt + j - 1) % 3]);  // its P V is done
+        return true;
+    }
+
+    // The last tile's P V, once the walk has computed `done` tiles' scores: a turn of its own
+    // (none when no tile was walked, as then neither consumer took any).
+    __device__ __forceinline__ void finish(const int done) {
+        if (done > 0) {
+            const u32 v_addr = wait_v(vt + done - 1);
+            fence_async_shared();
+            take_turn<false>();
+            issue_last_pv(o_lo, o_hi, pa, v_addr);
+            pass_turn();
+            settle_last_pv(o_lo, o_hi, pa);
+            release(&s.empty_v[(vt + done - 1) % 3]);
+        }
+        vt += done;
+    }
+
+    // Walks the items until the producer's end, storing each one's rows through Q's memory.
+    __device__ __forceinline__ void run(bf16* out, float* lse, int num_q_heads, int my_row) {
+        for (;;) {
+            const int ks = kt & 1;
+            mbarrier_wait(&s.full_k[ks], (kt >> 1) & 1);
+            const WsItem it = s.item[ks];
+            if (__any_sync(FULL_MASK, it.seq < 0)) break;
+            const int rows = it.q_len * group;
+            const int last_row = min(rows, it.row0 + HOP_M) - 1;
+            q_hi = last_visible(last_row, rows, group, causal, it.kv_len, it.q_len);
+            q_lo = last_visible(it.row0, rows, group, causal, it.kv_len, it.q_len);
+            int q_token[2];
+            hopper_thread_rows(my_row, it.row0, rows, group, causal, it.kv_len, it.q_len, q_token,
+                               q_index);
+            const int num_tiles = warp_uniform(it.num_tiles);
+            if (num_tiles == 0) {  // the stage holds the description alone
+                release(&s.empty_k[ks]);
+                ++kt;
+            }
+            hopper_walk(*this, num_tiles);
+            store_rows_staged(s, c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group, it.kv_head,
+                              it.q0, num_q_heads);
+            release(&s.q_empty);
+        }
+        if (c == 0 && turns > 0) named_barrier_sync(WS_TURN_BARRIER);  // consumer 1's last
+    }
+};
+
+// One block an SM, walking work items: 128 rows, 128-slot tiles, a producer and two consumer
+// warpgroups. `ranks`: the longest sequence's query tiles (an item's third index).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
@@ -343,13 +533,9 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal, const __grid_constant__ TensorMap k_map,
-    const __grid_constant__ TensorMap v_map) {
+    const __grid_constant__ TensorMap v_map, int num_seqs, int ranks) {
     extern __shared__ unsigned char raw_smem[];
     auto& s = aligned_shared<WsShared>(raw_smem);
-    const auto [seq, kv_head, group, q0, q_len, rows, row0] =
-        hopper_block(q_indptr, num_q_heads, num_kv_heads);
-    if (row0 >= rows) return;
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     if (tid == 0) {
@@ -362,41 +548,24 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
             mbarrier_init(&s.full_v[i], WS_PRODUCER_THREADS);
             mbarrier_init(&s.empty_v[i], WS_CONSUMER_WARPS);
         }
+        mbarrier_init(&s.q_full, WS_PRODUCER_THREADS);
+        mbarrier_init(&s.q_empty, WS_CONSUMER_WARPS);
         mbarrier_init_fence();
     }
-    // Its block-wide barrier also publishes the mbarriers' initialisation.
-    const SequencePages sp =
-        sequence_pages(kv_indptr, kv_page_ids, kv_page_lens, seq, page_size, s.reduce);
-    const int kv_len = sp.kv_len;
-    const int num_tiles = count_tiles<HOP_N>(sp.num_entries, page_size);
-    const int last_row = min(rows, row0 + HOP_M) - 1;
-    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
+    __syncthreads();  // publishes the mbarriers' initialisation
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
-        WsProducer p{s, k_cache, v_cache, sp.page_ids, sp.page_lens, sp.num_entries,
-                     page_size, page_shift, num_pages, num_kv_heads, kv_head, num_tiles, q_hi,
-                     &k_map, &v_map};
-        // Q lands with tile 0's K. Without tiles nobody would wait for it, and the consumers'
-        // staged stores reuse its memory: no Q is copied then.
-        if (num_tiles > 0)
-            hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, row0, rows, group, kv_head, q0,
-                                               num_q_heads);
+        WsProducer p{s,         q,           k_cache,      v_cache,     q_indptr,
+                     kv_indptr, kv_page_ids, kv_page_lens, &k_map,      &v_map,
+                     num_q_heads, num_kv_heads, page_size, page_shift,  num_pages,
+                     causal,    num_seqs,    ranks};
         p.run();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
-
-    // This thread's two rows (block-relative r and r + 8) and the last KV index each sees.
     const int c = wg - 1;  // consumer: rows 64 c ..
-    const int my_row = c * 64 + (warp & 3) * 16 + (lane >> 2);
-    int q_index[2], q_token[2];
-    hopper_thread_rows(my_row, row0, rows, group, causal, kv_len, q_len, q_token, q_index);
-    const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
-
-    const u32 q_addr = shared_address(s.q) + c * 64 * 128;
-    WsConsumer w{s, c, {q_index[0], q_index[1]}, q_lo, q_hi, q_addr, sm_scale * LOG2E};
-    hopper_walk(w, num_tiles);
-    store_rows_staged(s, c, out, lse, w.o_lo, w.o_hi, w.m, w.l, row0, rows, group, kv_head, q0,
-                      num_q_heads);
+    WsConsumer w{s, c, num_q_heads / num_kv_heads, causal, shared_address(s.q) + c * 64 * 128,
+                 sm_scale * LOG2E};
+    w.run(out, lse, num_q_heads, c * 64 + (warp & 3) * 16 + (lane >> 2));
 }
