@@ -137,10 +137,20 @@ impl Problem {
         for (s, seq) in seqs.iter().enumerate() {
             let kv_len = seq.slots.len();
             for t in 0..self.q_lens[s] {
-                let qi = kv_len - self.q_lens[s] + t;
                 for h in 0..hq {
                     let qv = &q[(row * hq + h) * d..(row * hq + h + 1) * d];
-                    let visible = if causal { qi + 1 } else { kv_len };
+                    // Causally the queries are the sequence's last tokens; a query that sees
+                    // no KV attends nothing: zeros and a log-sum-exp of -inf.
+                    let visible = if causal {
+                        kv_len - self.q_lens[s] + t + 1
+                    } else {
+                        kv_len
+                    };
+                    if visible == 0 {
+                        out.extend(std::iter::repeat_n(0.0, d));
+                        lse.push(f64::NEG_INFINITY);
+                        continue;
+                    }
                     let at: Vec<usize> = seq.slots[..visible]
                         .iter()
                         .map(|&(p, o)| shape.row_offset(p, h / group, o))
@@ -385,6 +395,63 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         for (kernel, (out, lse)) in run_prefill(&gpu, &p, &dev, &p.seqs, causal) {
             let name = format!("prefill {kernel:?} d{d} hq{hq} hkv{hkv} page{ps} causal={causal}");
             assert_attention(&name, (&out, &lse), (&want, &want_lse));
+        }
+    }
+}
+
+/// The persistent Hopper kernel's blocks take many work items each (here 768 over the GPU's
+/// multiprocessors), some of them sequences without KV, which load no Q and write their zero
+/// rows straight out; every kernel runs twice, so the work counter must have been reset.
+#[test]
+fn prefill_many_items_a_block_with_empty_sequences() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(41);
+    let (d, hq, hkv, ps, q_len, seqs) = (128, 16, 8, 16, 16, 96);
+    let lens: Vec<usize> = (0..seqs)
+        .map(|i| match i % 3 {
+            1 => 0,
+            0 => 20 + (i % 7) * 9,
+            _ => 200 + (i % 5) * 61,
+        })
+        .collect();
+    let pages = lens.iter().map(|n| n.div_ceil(ps)).sum::<usize>() + 3;
+    let mut cache = Cache::new(shape(d, hkv, ps, pages), &mut rng);
+    let kv: Vec<SeqKv> = lens.iter().map(|&n| cache.segment(n, &mut rng)).collect();
+    let p = Problem {
+        hq,
+        q: to_bf16(&rng.normals(seqs * q_len * hq * d, 1.0)),
+        cache,
+        seqs: kv,
+        q_lens: vec![q_len; seqs],
+    };
+    let dev = upload(&gpu, &p);
+    let (want, want_lse) = p.reference(&p.seqs, false);
+    // Rows (query, head) of sequences with KV, and of those without.
+    let row_of = |i: usize| i / (q_len * hq);
+    let with_kv = |i: &usize| lens[row_of(*i)] > 0;
+    let pick = |v: &[f64], per: usize, keep: bool| -> Vec<f64> {
+        v.chunks(per)
+            .enumerate()
+            .filter(|(i, _)| with_kv(i) == keep)
+            .flat_map(|(_, c)| c.iter().copied())
+            .collect()
+    };
+    for round in 0..2 {
+        for (kernel, (out, lse)) in run_prefill(&gpu, &p, &dev, &p.seqs, false) {
+            let name = format!("prefill {kernel:?} over many items, round {round}");
+            assert_attention(
+                &name,
+                (&pick(&out, d, true), &pick(&lse, 1, true)),
+                (&pick(&want, d, true), &pick(&want_lse, 1, true)),
+            );
+            assert!(
+                pick(&out, d, false).iter().all(|&x| x == 0.0),
+                "{name}: a sequence without KV wrote non-zero output"
+            );
+            assert!(
+                pick(&lse, 1, false).iter().all(|&x| x == f64::NEG_INFINITY),
+                "{name}: a sequence without KV's lse"
+            );
         }
     }
 }

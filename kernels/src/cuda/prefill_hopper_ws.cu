@@ -49,8 +49,10 @@
 // each wait its stage and parity. The producer writes each item's description into the K stage
 // of its first tile, so the consumers read it with that tile; a stage whose tile is in the
 // future of every row (causal) or past the item's pages carries no copies and ends the item's
-// walk. Q lands on its own mbarrier: the producer starts the next item's Q once both consumers
-// have stored the rows of the last one (they stage them through Q's memory).
+// walk. Q lands on its own mbarrier: the producer starts an item's Q once both consumers have
+// stored the rows of the last item that had one (they stage them through Q's memory). An item
+// that walks no tile loads no Q and writes its zero rows straight out, so that every stage of
+// rows through Q's memory is fenced from the next one by a Q load both consumers waited for.
 //
 // The ping-pong runs on across items too: each consumer takes one turn a tile walked and one
 // for the last P V, so the turns alternate for the whole kernel. Consumer 0's first turn is its
@@ -91,6 +93,8 @@ struct WsShared {
     int reduce[WS_PRODUCER_THREADS / 32];
     int next;  // the producer's next item
 };
+// PrefillKernel::shared_bytes (kernels/src/prefill.rs) asks for this and 1 KiB for alignment.
+static_assert(sizeof(WsShared) == 198848, "the launch's shared memory follows WsShared");
 
 // The next untaken work item past the grid's first ones, and how many blocks have taken their
 // last: the last block to finish sets both back to zero for the next launch. A module's globals
@@ -158,9 +162,10 @@ __device__ __forceinline__ int warp_uniform(int x) {
 }
 
 // Warpgroup 0 (threads 0..127): takes the block's work items and fills the stages of their
-// tiles. Tile t of the kernel (counted over its items) has its K and slot table in stage t % 2
-// once both consumers released that stage's use before, its V in stage t % 3 likewise. The
-// parity a wait names is that of the stage's use: its (uses / stages)-th completion.
+// tiles. The u-th use of K's ring (counted over the kernel's items, a stage with a description
+// and no tile included) is stage u % 2, once both consumers released that stage's use before;
+// the u-th tile's V is stage u % 3 likewise. The parity a wait names is that of the stage's
+// use: its (uses / stages)-th completion.
 struct WsProducer {
     WsShared& s;
     const bf16* q;
@@ -173,7 +178,7 @@ struct WsProducer {
     const TensorMap* k_map;
     const TensorMap* v_map;
     int num_q_heads, num_kv_heads, page_size, page_shift, num_pages, causal, num_seqs, ranks;
-    int kt = 0, vt = 0, items = 0;  // K and V stage uses, items walked
+    int kt = 0, vt = 0, qs = 0;  // K and V stage uses, Qs loaded
     // The item being walked: its pages, its KV head and the last KV index its last row sees.
     const int* page_ids = nullptr;
     const int* page_lens = nullptr;
@@ -241,7 +246,7 @@ struct WsProducer {
     // Copies one tile of K or V (`map`, over `cache`) into `dst`, counted on `bar`. A dense
     // tile (each page's slots are consecutive cache rows) goes through the TMA: 16 boxes of 16
     // rows and 64 columns, which the copy engine writes swizzled, with no copy instructions in
-    // the other threads. Lanes 0..3 of each producer warp ask for four boxes each: the
+    // the other threads. Lanes 0..3 of each producer warp ask for a box each: the
     // producer's pace is the kernel's, and with 16 lanes of one warp asking, long prompts on
     // pages of 16 took a quarter to a third longer. Any other tile (a page partly filled or
     // missing) is gathered slot by slot with cp.async, empty slots as zeros. Either way every
@@ -271,13 +276,15 @@ struct WsProducer {
         ++kt;
     }
 
-    // Starts the item's Q once both consumers have stored the rows of the item before through
-    // its memory; it lands on q_full.
+    // Starts the item's Q once both consumers have stored, through its memory, the rows of the
+    // last item that loaded one; it lands on q_full. One completion of q_empty a Q loaded, each
+    // waited for before the next Q: a wait never has two outstanding.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
-        if (items > 0) mbarrier_wait(&s.q_empty, (items - 1) & 1);
+        if (qs > 0) mbarrier_wait(&s.q_empty, (qs - 1) & 1);
         hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, b.row0, b.rows, b.group, b.kv_head, b.q0,
                                            num_q_heads);
         cp_async_arrive(&s.q_full);
+        ++qs;
     }
 
     // Publishes the tiles of item `it` (block rows `b`), the first with the description, until
@@ -338,7 +345,6 @@ struct WsProducer {
             q_hi = last_visible(last_row, b.rows, b.group, causal, sp.kv_len, b.q_len);
             const int num_tiles = warp_uniform(count_tiles<HOP_N>(sp.num_entries, page_size));
             walk(WsItem{b.seq, b.kv_head, b.row0, b.q0, b.q_len, sp.kv_len, num_tiles}, b);
-            ++items;
         }
         publish_alone(WsItem{-1, 0, 0, 0, 0, 0, 0});
         // The consumers wait for every copy they read.
@@ -496,7 +502,8 @@ struct WsConsumer {
         vt += done;
     }
 
-    // Walks the items until the producer's end, storing each one's rows through Q's memory.
+    // Walks the items until the producer's end, storing each one's rows: through Q's memory
+    // when it loaded a Q (then released for the next), else straight out (zeros).
     __device__ __forceinline__ void run(bf16* out, float* lse, int num_q_heads, int my_row) {
         for (;;) {
             const int ks = kt & 1;
@@ -515,10 +522,16 @@ struct WsConsumer {
                 release(&s.empty_k[ks]);
                 ++kt;
             }
+            const int qs_before = qs;
             hopper_walk(*this, num_tiles);
-            store_rows_staged(s, c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group, it.kv_head,
-                              it.q0, num_q_heads);
-            release(&s.q_empty);
+            if (__any_sync(FULL_MASK, qs != qs_before)) {
+                store_rows_staged(s, c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group,
+                                  it.kv_head, it.q0, num_q_heads);
+                release(&s.q_empty);
+            } else {
+                hopper_store_rows(out, lse, o_lo, o_hi, m, l, q_token, it.row0, my_row, group,
+                                  it.kv_head, it.q0, num_q_heads);
+            }
         }
         if (c == 0 && turns > 0) named_barrier_sync(WS_TURN_BARRIER);  // consumer 1's last
     }
