@@ -162,10 +162,11 @@ __device__ __forceinline__ int warp_uniform(int x) {
 }
 
 // Warpgroup 0 (threads 0..127): takes the block's work items and fills the stages of their
-// tiles. The u-th use of K's ring (counted over the kernel's items, a stage with a description
-// and no tile included) is stage u % 2, once both consumers released that stage's use before;
-// the u-th tile's V is stage u % 3 likewise. The parity a wait names is that of the stage's
-// use: its (uses / stages)-th completion.
+// tiles. The u-th use of K's ring (counted over the kernel's items, including a stage with a
+// description and no tile, and one whose tile is causally in the future and carries no copies)
+// is stage u % 2, once both consumers released that stage's use before; the u-th tile's V is
+// stage u % 3 likewise. The parity a wait names is that of the stage's use: its
+// (uses / stages)-th completion.
 struct WsProducer {
     WsShared& s;
     const bf16* q;
