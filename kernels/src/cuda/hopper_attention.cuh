@@ -50,6 +50,12 @@ __device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num
     return b;
 }
 
+// The last KV index any row of the block of rows row0.. sees: its last row's (last_visible).
+__device__ __forceinline__ int block_last_visible(int row0, int rows, int group, int causal,
+                                                  int kv_len, int q_len) {
+    return last_visible(min(rows, row0 + HOP_M) - 1, rows, group, causal, kv_len, q_len);
+}
+
 // Starts the copy of one 128-slot tile of K into `k_dst` and of V into `v_dst`, whose cache rows
 // `rows` lists, done by threads 0..THREADS-1 (empty slots become zeros). A null destination is
 // not copied. Thread t copies chunk t % 16 of rows t / 16 + (THREADS / 16) i: its swizzled

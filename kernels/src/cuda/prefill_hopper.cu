@@ -132,8 +132,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     const int my_row = wg * 64 + (warp & 3) * 16 + (lane >> 2);
     int q_index[2], q_token[2];
     hopper_thread_rows(my_row, row0, rows, group, causal, kv_len, q_len, q_token, q_index);
-    const int last_row = min(rows, row0 + HOP_M) - 1;
-    const int q_hi = last_visible(last_row, rows, group, causal, kv_len, q_len);
+    const int q_hi = block_last_visible(row0, rows, group, causal, kv_len, q_len);
     const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
 
     // Q tile (zeros past the last row), then the first two slot tables and KV tile 0.

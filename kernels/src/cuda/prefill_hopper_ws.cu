@@ -342,8 +342,7 @@ struct WsProducer {
             page_lens = sp.page_lens;
             num_entries = sp.num_entries;
             kv_head = b.kv_head;
-            const int last_row = min(b.rows, b.row0 + HOP_M) - 1;
-            q_hi = last_visible(last_row, b.rows, b.group, causal, sp.kv_len, b.q_len);
+            q_hi = block_last_visible(b.row0, b.rows, b.group, causal, sp.kv_len, b.q_len);
             const int num_tiles = warp_uniform(count_tiles<HOP_N>(sp.num_entries, page_size));
             walk(WsItem{b.seq, b.kv_head, b.row0, b.q0, b.q_len, sp.kv_len, num_tiles}, b);
         }
@@ -512,8 +511,7 @@ struct WsConsumer {
             const WsItem it = s.item[ks];
             if (__any_sync(FULL_MASK, it.seq < 0)) break;
             const int rows = it.q_len * group;
-            const int last_row = min(rows, it.row0 + HOP_M) - 1;
-            q_hi = last_visible(last_row, rows, group, causal, it.kv_len, it.q_len);
+            q_hi = block_last_visible(it.row0, rows, group, causal, it.kv_len, it.q_len);
             q_lo = last_visible(it.row0, rows, group, causal, it.kv_len, it.q_len);
             int q_token[2];
             hopper_thread_rows(my_row, it.row0, rows, group, causal, it.kv_len, it.q_len, q_token,
