@@ -142,7 +142,7 @@ impl Problem {
                     // Causally the queries are the sequence's last tokens; a query that sees
                     // no KV attends nothing: zeros and a log-sum-exp of -inf.
                     let visible = if causal {
-                        kv_len - self.q_lens[s] + t + 1
+                        (kv_len + t + 1).saturating_sub(self.q_lens[s])
                     } else {
                         kv_len
                     };
