@@ -113,10 +113,14 @@ impl PrefillKernel {
     }
 
     /// Dynamic shared memory a block: none for the `mma.sync` kernel (its arrays are static);
-    /// for the Hopper kernels Q (128 rows), two stages of K and three of V (128 slots, head_dim
-    /// 128, bf16), slot tables (three; or two with their flags, work items and the twelve
-    /// mbarriers of the stages and of Q) and an int a warp (a producer warp), plus 1 KiB to
-    /// align the tiles to the swizzle's 1024 bytes.
+    /// for the two-warpgroup Hopper kernel Q (128 rows), two stages of K and three of V (128
+    /// slots, head_dim 128, bf16), three slot tables and an int a warp, plus 1 KiB to align the
+    /// tiles to the swizzle's 1024 bytes. The warp-specialized kernel holds two Qs, two slot
+    /// tables with their flags, two work items, the fourteen mbarriers of the stages and of the
+    /// Qs and an int a producer warp: 231,632 bytes, which leave 816 of the 232,448 a block may
+    /// have on an H100. Its launch adds 512 for the alignment, and the kernel stops with an
+    /// error if its window needs more (a block's window, with no static shared memory before
+    /// it, starts aligned).
     fn shared_bytes(self) -> usize {
         let tile = 128 * 128 * 2;
         let table = (2 * 128 + 1) * 4;
@@ -126,7 +130,7 @@ impl PrefillKernel {
             Self::Wgmma => 6 * tile + 3 * table + 8 * 4 + 1024,
             // The last 8: the next item's index, padded to the mbarriers' 8-byte alignment.
             Self::WgmmaWarpSpecialized => {
-                6 * tile + 2 * (table + 4) + 2 * item + 12 * 8 + 4 * 4 + 8 + 1024
+                7 * tile + 2 * (table + 4) + 2 * item + 14 * 8 + 4 * 4 + 8 + 512
             }
         }
     }
@@ -258,14 +262,29 @@ pub fn prefill_attention_on<C: CacheRead>(
     launch.arg(&inputs.sm_scale).arg(&causal);
     // The warp-specialized kernel copies tiles that pages lay out whole with the TMA, in boxes
     // of 16 rows (the smallest page) and 64 columns. (A cache of no rows has no page to copy;
-    // its map describes one row, which is never read.)
+    // its map describes one row, which is never read.) It copies Q with the TMA too where a
+    // work item's 128 rows are whole tokens (the group of q heads divides 128); otherwise its
+    // Q map is the K map, never read.
     let maps = match kernel {
         PrefillKernel::WgmmaWarpSpecialized => {
             let map = |cache: &C| {
                 let rows = (cache.elements() / d).max(1);
                 tma::rows_of_128(cache.address(gpu), rows, 16)
             };
-            Some((map(&inputs.k_cache)?, map(&inputs.v_cache)?))
+            let group = hq / inputs.cache.num_kv_heads;
+            let q_tma = 128 % group == 0 && inputs.q.len() >= hq * d;
+            let q_map = if q_tma {
+                let tokens = inputs.q.len() / (hq * d);
+                tma::folded_queries(gpu.ptr(&inputs.q), tokens, hq, group)?
+            } else {
+                map(&inputs.k_cache)?
+            };
+            Some((
+                map(&inputs.k_cache)?,
+                map(&inputs.v_cache)?,
+                q_map,
+                q_tma as i32,
+            ))
         }
         _ => None,
     };
@@ -274,8 +293,9 @@ pub fn prefill_attention_on<C: CacheRead>(
     }
     // The work items' first and third dimensions: sequences and the longest one's query tiles.
     let seqs_arg = check::int(K, "sequences", num_seqs)?;
-    if let Some((k_map, v_map)) = &maps {
-        launch.arg(k_map).arg(v_map).arg(&seqs_arg).arg(&tiles);
+    if let Some((k_map, v_map, q_map, q_tma)) = &maps {
+        launch.arg(k_map).arg(v_map).arg(q_map).arg(q_tma);
+        launch.arg(&seqs_arg).arg(&tiles);
     }
     let config = LaunchConfig {
         shared_mem_bytes: kernel.shared_bytes() as u32,

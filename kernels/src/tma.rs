@@ -19,22 +19,58 @@ pub(crate) struct TensorMap(CUtensorMap);
 // SAFETY: a plain 128-byte value that the kernel reads as its parameter.
 unsafe impl DeviceRepr for TensorMap {}
 
+/// The map of bf16 queries `[tokens][num_q_heads][128]` at device address `ptr`, read in boxes of
+/// 64 columns of `group` consecutive heads for `128 / group` consecutive tokens: the 128 rows,
+/// token by token, of one work item of the prefill kernel (the q heads of one KV head, folded
+/// as the kernel folds them), one 128-byte-swizzled block of its Q tile. `group` divides 128.
+pub(crate) fn folded_queries(
+    ptr: u64,
+    tokens: usize,
+    num_q_heads: usize,
+    group: usize,
+) -> Result<TensorMap> {
+    let dims = [128u64, num_q_heads as u64, tokens as u64];
+    let strides = [128u64 * 2, (num_q_heads * 128 * 2) as u64];
+    let boxes = [64u32, group as u32, (128 / group) as u32];
+    encode_bf16(ptr, &dims, &strides, &boxes, "describing the queries")
+}
+
 /// The map of a bf16 matrix of `rows` rows of 128 elements (a paged KV cache, one row a token
 /// and KV head) at device address `ptr`, read in boxes of `box_rows` rows and 64 columns: one
 /// 128-byte-swizzled block of a wgmma operand tile.
 pub(crate) fn rows_of_128(ptr: u64, rows: usize, box_rows: u32) -> Result<TensorMap> {
-    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
     let dims = [128u64, rows as u64];
     let strides = [128u64 * 2]; // bytes from one row to the next
     let boxes = [64u32, box_rows];
-    let steps = [1u32, 1];
-    // SAFETY: every pointer is to a live array of the rank the call is told; the driver only
-    // writes `map`.
+    encode_bf16(
+        ptr,
+        &dims,
+        &strides,
+        &boxes,
+        "describing the KV cache to the tensor memory accelerator",
+    )
+}
+
+/// A bf16 tensor's map: `dims` elements along each dimension (the first contiguous), `strides`
+/// the bytes from one index to the next along every other, read in boxes of `boxes` written
+/// with the 128-byte swizzle; out-of-bounds elements read as zeros.
+fn encode_bf16(
+    ptr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    during: &'static str,
+) -> Result<TensorMap> {
+    debug_assert!(dims.len() == boxes.len() && strides.len() + 1 == dims.len());
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
+    let steps = [1u32; 5];
+    // SAFETY: every pointer is to a live array of at least the rank the call is told; the
+    // driver only writes `map`.
     unsafe {
         cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
+            dims.len() as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
@@ -46,7 +82,7 @@ pub(crate) fn rows_of_128(ptr: u64, rows: usize, box_rows: u32) -> Result<Tensor
             CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
         .result()
-        .during("describing the KV cache to the tensor memory accelerator")?;
+        .during(during)?;
         Ok(TensorMap(map.assume_init()))
     }
 }

@@ -381,6 +381,9 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         ),
         (128, 32, 8, 256, vec![(&[700], 700), (&[260, 3], 90)], true),
         (128, 16, 8, 16, vec![(&[300, 50], 200), (&[64], 17)], false),
+        // A group of 3 q heads: a work item's 128 rows are not whole tokens, so the
+        // warp-specialized kernel's producer copies Q row by row instead of with the TMA.
+        (128, 12, 4, 16, vec![(&[200, 40], 150), (&[90], 90)], true),
     ];
     for (d, hq, hkv, ps, seqs, causal) in cases {
         let pages = seqs

@@ -49,10 +49,13 @@
 // each wait its stage and parity. The producer writes each item's description into the K stage
 // of its first tile, so the consumers read it with that tile; a stage whose tile is in the
 // future of every row (causal) or past the item's pages carries no copies and ends the item's
-// walk. Q lands on its own mbarrier: the producer starts an item's Q once both consumers have
-// stored the rows of the last item that had one (they stage them through Q's memory). An item
-// that walks no tile loads no Q and writes its zero rows straight out, so that every stage of
-// rows through Q's memory is fenced from the next one by a Q load both consumers waited for.
+// walk. Q has two buffers, each with its own mbarriers, used in turn by the items that load one:
+// the consumers stage an item's output rows through its Q buffer, and the producer starts the
+// Q two items on once both consumers have stored them. With one buffer the next item's Q could
+// only start after the last item's rows were out, and every item began with the consumers
+// waiting for its Q. An item that walks no tile loads no Q and writes its zero rows straight
+// out, so that every stage of rows through a Q buffer is fenced from the next one by a Q load
+// both consumers waited for.
 //
 // The ping-pong runs on across items too: each consumer takes one turn a tile walked and one
 // for the last P V, so the turns alternate for the whole kernel. Consumer 0's first turn is its
@@ -83,18 +86,20 @@ struct WsItem {
 };
 
 struct WsShared {
-    bf16 q[HOP_M * HOP_D];  // [2 column blocks][128 rows][64], swizzled
+    bf16 q[2][HOP_M * HOP_D];  // two items' Q: [2 column blocks][128 rows][64], swizzled
     bf16 k[2][HOP_N * HOP_D];
     bf16 v[3][HOP_N * HOP_D];
     SlotTable<HOP_N> tab[2];  // with K's stages: tile j's table is released with its K
     int dense[2];             // whether tile j's every slot holds the next token
     WsItem item[2];           // with K's stages: the item whose first tile the stage holds
-    u64 full_k[2], empty_k[2], full_v[3], empty_v[3], q_full, q_empty;
+    u64 full_k[2], empty_k[2], full_v[3], empty_v[3], q_full[2], q_empty[2];
     int reduce[WS_PRODUCER_THREADS / 32];
     int next;  // the producer's next item
 };
-// PrefillKernel::shared_bytes (kernels/src/prefill.rs) asks for this and 1 KiB for alignment.
-static_assert(sizeof(WsShared) == 198848, "the launch's shared memory follows WsShared");
+// PrefillKernel::shared_bytes (kernels/src/prefill.rs) asks for this and WS_ALIGN_SLACK bytes for
+// alignment: a full 1 KiB would pass the 232,448 bytes a block may have.
+#define WS_ALIGN_SLACK 512
+static_assert(sizeof(WsShared) == 231632, "the launch's shared memory follows WsShared");
 
 // The next untaken work item past the grid's first ones, and how many blocks have taken their
 // last: the last block to finish sets both back to zero for the next launch. A module's globals
@@ -125,6 +130,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
         "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared_address(dst)),
         "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar))
+        : "memory");
+}
+
+// Starts the TMA copy of the box of the 3-dimensional `map` whose first element is (x, y, z) into
+// `dst`, counted on `bar` when it lands.
+__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int x, int y, int z,
+                                            u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(shared_address(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(z), "r"(shared_address(bar))
         : "memory");
 }
 
@@ -178,6 +194,8 @@ struct WsProducer {
     const int* kv_page_lens;
     const TensorMap* k_map;
     const TensorMap* v_map;
+    const TensorMap* q_map;  // when q_tma: Q as [token][q head][128], in boxes of an item's rows
+    int q_tma;
     int num_q_heads, num_kv_heads, page_size, page_shift, num_pages, causal, num_seqs, ranks;
     int kt = 0, vt = 0, qs = 0;  // K and V stage uses, Qs loaded
     // The item being walked: its pages, its KV head and the last KV index its last row sees.
@@ -277,14 +295,31 @@ struct WsProducer {
         ++kt;
     }
 
-    // Starts the item's Q once both consumers have stored, through its memory, the rows of the
-    // last item that loaded one; it lands on q_full. One completion of q_empty a Q loaded, each
-    // waited for before the next Q: a wait never has two outstanding.
+    // Starts the item's Q in buffer qs % 2 once both consumers have stored, through that
+    // buffer, the rows of the item that loaded the Q two before; it lands on that buffer's
+    // q_full. One completion of a buffer's q_empty a Q it held, each waited for before the
+    // buffer's next Q: a wait never has two outstanding.
+    //
+    // The item's 128 rows are 128 / group tokens of its group of q heads: with q_tma, one box
+    // a 64-column half, asked for by one thread. The box's rows past the sequence's last
+    // are another sequence's queries (or zeros past the batch's last token), which no key
+    // is shown to and which are not stored. Asked for with cp.async by the 128 threads, the
+    // rows' addresses cost the producer 3 us an item, which the consumers waited through.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
-        if (qs > 0) mbarrier_wait(&s.q_empty, (qs - 1) & 1);
-        hopper_load_q<WS_PRODUCER_THREADS>(s.q, q, b.row0, b.rows, b.group, b.kv_head, b.q0,
-                                           num_q_heads);
-        cp_async_arrive(&s.q_full);
+        const int qb = qs & 1;
+        if (qs >= 2) mbarrier_wait(&s.q_empty[qb], ((qs >> 1) - 1) & 1);
+        if (q_tma) {
+            if (threadIdx.x == 0) {
+                mbarrier_expect_tx(&s.q_full[qb], HOP_M * HOP_D * (int)sizeof(bf16));
+                for (int half = 0; half < 2; ++half)
+                    tma_load_3d(s.q[qb] + half * HOP_M * 64, q_map, half * 64,
+                                b.kv_head * b.group, b.q0 + b.row0 / b.group, &s.q_full[qb]);
+            }
+        } else {
+            hopper_load_q<WS_PRODUCER_THREADS>(s.q[qb], q, b.row0, b.rows, b.group, b.kv_head,
+                                               b.q0, num_q_heads);
+        }
+        cp_async_arrive(&s.q_full[qb]);
         ++qs;
     }
 
@@ -366,7 +401,7 @@ struct WsProducer {
 // once, a quarter of every sector written. Staged rows are 256 bytes, their 16-byte chunk k at
 // k ^ (row % 8): the 8 rows a warp writes at once hit 32 different banks. A block's fixed costs
 // weigh on short prompts: 16 x 512 went from 139 to 150 TFLOP/s, 4 x 2048 from 312 to 329.
-__device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out, float* lse,
+__device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out, float* lse,
                                                   const float (&o_lo)[32], const float (&o_hi)[32],
                                                   const float (&m)[2], const float (&l)[2],
                                                   int row0, int rows, int group, int kv_head,
@@ -374,7 +409,7 @@ __device__ __forceinline__ void store_rows_staged(WsShared& s, int c, bf16* out,
     const int t = threadIdx.x & 127, lane = t & 31;
     // Q's two 64-column blocks hold 128 rows of 128 bytes each; this warpgroup's 64 rows of each
     // are 8 KiB, 32 staged rows: staged row rr in the block rr / 32.
-    char* const stage = reinterpret_cast<char*>(s.q) + c * 8192;
+    char* const stage = reinterpret_cast<char*>(q_tile) + c * 8192;
     auto chunk_at = [stage](int rr, int k) {
         return stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + ((k ^ (rr & 7)) << 4);
     };
@@ -415,7 +450,7 @@ struct WsConsumer {
     WsShared& s;
     int c;  // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
     int group, causal;
-    u32 q_addr;   // this warpgroup's first Q row in shared memory
+    u32 q_addr;   // this warpgroup's first Q row in the item's Q buffer
     float scale;  // sm_scale in log2 units
     int kt = 0, vt = 0, qs = 0, turns = 0;  // K and V stage uses, Qs and turns taken
     int q_index[2];  // the last KV index each of this thread's rows sees (-1: no row)
@@ -462,7 +497,12 @@ struct WsConsumer {
             ++kt;
             return false;
         }
-        if (FIRST) mbarrier_wait(&s.q_full, qs++ & 1);
+        if (FIRST) {
+            const int qb = qs & 1;
+            mbarrier_wait(&s.q_full[qb], (qs >> 1) & 1);
+            q_addr = shared_address(s.q[qb]) + c * 64 * 128;
+            ++qs;
+        }
         u32 v_addr = 0;
         if constexpr (!FIRST) v_addr = wait_v(vt + j - 1);
         // cp.async writes shared memory through the generic proxy, wgmma reads it through the
@@ -524,9 +564,10 @@ struct WsConsumer {
             const int qs_before = qs;
             hopper_walk(*this, num_tiles);
             if (__any_sync(FULL_MASK, qs != qs_before)) {
-                store_rows_staged(s, c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group,
+                const int qb = (qs - 1) & 1;
+                store_rows_staged(s.q[qb], c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group,
                                   it.kv_head, it.q0, num_q_heads);
-                release(&s.q_empty);
+                release(&s.q_empty[qb]);
             } else {
                 hopper_store_rows(out, lse, o_lo, o_hi, m, l, q_token, it.row0, my_row, group,
                                   it.kv_head, it.q0, num_q_heads);
@@ -537,7 +578,9 @@ struct WsConsumer {
 };
 
 // One block an SM, walking work items: 128 rows, 128-slot tiles, a producer and two consumer
-// warpgroups. `ranks`: the longest sequence's query tiles (an item's third index).
+// warpgroups. `ranks`: the longest sequence's query tiles (an item's third index). `q_tma`:
+// whether `q_map` describes Q (a group of q heads divides an item's 128 rows; else the
+// producer's threads copy Q).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
@@ -545,8 +588,10 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal, const __grid_constant__ TensorMap k_map,
-    const __grid_constant__ TensorMap v_map, int num_seqs, int ranks) {
+    const __grid_constant__ TensorMap v_map, const __grid_constant__ TensorMap q_map, int q_tma,
+    int num_seqs, int ranks) {
     extern __shared__ unsigned char raw_smem[];
+    if (((0u - shared_address(raw_smem)) & 1023u) > WS_ALIGN_SLACK) __trap();
     auto& s = aligned_shared<WsShared>(raw_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
@@ -560,24 +605,25 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
             mbarrier_init(&s.full_v[i], WS_PRODUCER_THREADS);
             mbarrier_init(&s.empty_v[i], WS_CONSUMER_WARPS);
         }
-        mbarrier_init(&s.q_full, WS_PRODUCER_THREADS);
-        mbarrier_init(&s.q_empty, WS_CONSUMER_WARPS);
+        for (int i = 0; i < 2; ++i) {
+            mbarrier_init(&s.q_full[i], WS_PRODUCER_THREADS);
+            mbarrier_init(&s.q_empty[i], WS_CONSUMER_WARPS);
+        }
         mbarrier_init_fence();
     }
     __syncthreads();  // publishes the mbarriers' initialisation
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
-        WsProducer p{s,         q,           k_cache,      v_cache,     q_indptr,
-                     kv_indptr, kv_page_ids, kv_page_lens, &k_map,      &v_map,
-                     num_q_heads, num_kv_heads, page_size, page_shift,  num_pages,
-                     causal,    num_seqs,    ranks};
+        WsProducer p{s,         q,           k_cache,      v_cache,      q_indptr,
+                     kv_indptr, kv_page_ids, kv_page_lens, &k_map,       &v_map,
+                     &q_map,    q_tma,       num_q_heads,  num_kv_heads, page_size,
+                     page_shift, num_pages,  causal,       num_seqs,     ranks};
         p.run();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
     const int c = wg - 1;  // consumer: rows 64 c ..
-    WsConsumer w{s, c, num_q_heads / num_kv_heads, causal, shared_address(s.q) + c * 64 * 128,
-                 sm_scale * LOG2E};
+    WsConsumer w{s, c, num_q_heads / num_kv_heads, causal, 0, sm_scale * LOG2E};
     w.run(out, lse, num_q_heads, c * 64 + (warp & 3) * 16 + (lane >> 2));
 }
