@@ -32,7 +32,9 @@ __device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
 // sequence's `rows` (q_len x group); a sequence with fewer tiles than the largest rank gets
 // row0 past its rows: no work.
 struct HopperBlock {
-    int seq, kv_head, group, q0, q_len, rows, row0;
+    int seq, kv_head;
+    Group group;
+    int q0, q_len, rows, row0;
 };
 
 __device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num_q_heads,
@@ -41,17 +43,17 @@ __device__ __forceinline__ HopperBlock hopper_block(const int* q_indptr, int num
     HopperBlock b;
     b.seq = seq;
     b.kv_head = kv_head;
-    b.group = num_q_heads / num_kv_heads;
+    b.group = make_group(num_q_heads / num_kv_heads);
     b.q0 = q_indptr[b.seq];
     b.q_len = q_indptr[b.seq + 1] - b.q0;
-    b.rows = b.q_len * b.group;
+    b.rows = b.q_len * b.group.size;
     const int tiles = (b.rows + HOP_M - 1) / HOP_M;
     b.row0 = rank < tiles ? (tiles - 1 - rank) * HOP_M : b.rows;
     return b;
 }
 
 // The last KV index any row of the block of rows row0.. sees: its last row's (last_visible).
-__device__ __forceinline__ int block_last_visible(int row0, int rows, int group, int causal,
+__device__ __forceinline__ int block_last_visible(int row0, int rows, Group group, int causal,
                                                   int kv_len, int q_len) {
     return last_visible(min(rows, row0 + HOP_M) - 1, rows, group, causal, kv_len, q_len);
 }
@@ -80,16 +82,16 @@ __device__ __forceinline__ void hopper_load_kv(bf16* k_dst, bf16* v_dst, const i
 
 // The row of q and of the output (and the index in lse) that the sequence's folded row r stands
 // for: query token r / group, q head kv_head * group + r % group.
-__device__ __forceinline__ size_t folded_row(int r, int group, int kv_head, int q0,
+__device__ __forceinline__ size_t folded_row(int r, Group group, int kv_head, int q0,
                                              int num_q_heads) {
-    return (size_t)(q0 + r / group) * num_q_heads + kv_head * group + r % group;
+    return (size_t)(q0 + r / group) * num_q_heads + kv_head * group.size + r % group;
 }
 
 // Starts the copy of the block's Q tile (rows row0.. of the sequence's folded rows, zeros past
 // the last), done by threads 0..THREADS-1.
 template <int THREADS>
 __device__ __forceinline__ void hopper_load_q(bf16* dst, const bf16* q, int row0, int rows,
-                                              int group, int kv_head, int q0, int num_q_heads) {
+                                              Group group, int kv_head, int q0, int num_q_heads) {
     for (int id = threadIdx.x; id < HOP_M * (HOP_D / 8); id += THREADS) {
         const int r = id >> 4, ch = id & 15;
         const int gr = row0 + r;
@@ -103,7 +105,7 @@ __device__ __forceinline__ void hopper_load_q(bf16* dst, const bf16* q, int row0
 
 // This thread's two rows (block rows `my_row` and `my_row` + 8): the query token of each (-1: no
 // row) and the last KV index each sees.
-__device__ __forceinline__ void hopper_thread_rows(int my_row, int row0, int rows, int group,
+__device__ __forceinline__ void hopper_thread_rows(int my_row, int row0, int rows, Group group,
                                                    int causal, int kv_len, int q_len,
                                                    int (&q_token)[2], int (&q_index)[2]) {
 #pragma unroll
@@ -247,7 +249,7 @@ __device__ __forceinline__ void keep_probabilities(float (&o_lo)[32], float (&o_
 __device__ __forceinline__ void hopper_store_rows(bf16* out, float* lse, const float (&o_lo)[32],
                                                   const float (&o_hi)[32], const float (&m)[2],
                                                   const float (&l)[2], const int (&q_token)[2],
-                                                  int row0, int my_row, int group, int kv_head,
+                                                  int row0, int my_row, Group group, int kv_head,
                                                   int q0, int num_q_heads) {
     const int lane = threadIdx.x & 31;
 #pragma unroll

@@ -151,10 +151,34 @@ __device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
                           (int)blockDim.x, [] { __syncthreads(); });
 }
 
+// A GQA group of q heads (those of one KV head) as a divisor: row r of a block's folded rows is
+// head r % group of token r / group. The Hopper kernels split rows by a multiply: x / size is
+// the high word of x * ceil(2^32 / size) for every x below 2^32 / size (Granlund and
+// Montgomery, "Division by invariant integers using multiplication", 1994), two instructions
+// where a division by a value known only at run time takes about twenty. The persistent
+// kernel's consumers split two dozen rows an item, and those divisions were 3-7% of a short
+// prompt's time.
+struct Group {
+    int size;
+    u32 magic;  // ceil(2^32 / size); 0, unused, for a size of 1
+};
+
+__device__ __forceinline__ Group make_group(int size) {
+    return {size, 0xffffffffu / (u32)size + 1u};
+}
+
+__device__ __forceinline__ int operator/(int x, Group g) {
+    return g.size == 1 ? x : (int)__umulhi((u32)x, g.magic);
+}
+
+__device__ __forceinline__ int operator%(int x, Group g) { return x - (x / g) * g.size; }
+
 // The last KV index that block row `r` (query token r / group of the sequence's q_len) sees:
 // causally its own position after the sequence's kv_len - q_len earlier tokens, else every
-// token; -1 for a row past the last (`rows`), which then sees nothing.
-__device__ __forceinline__ int last_visible(int r, int rows, int group, int causal, int kv_len,
+// token; -1 for a row past the last (`rows`), which then sees nothing. `group`: an int, or a
+// Group.
+template <class G>
+__device__ __forceinline__ int last_visible(int r, int rows, G group, int causal, int kv_len,
                                             int q_len) {
     if (r >= rows) return -1;
     return causal ? kv_len - q_len + r / group : 0x7fffffff;

@@ -313,7 +313,8 @@ struct WsProducer {
                 mbarrier_expect_tx(&s.q_full[qb], HOP_M * HOP_D * (int)sizeof(bf16));
                 for (int half = 0; half < 2; ++half)
                     tma_load_3d(s.q[qb] + half * HOP_M * 64, q_map, half * 64,
-                                b.kv_head * b.group, b.q0 + b.row0 / b.group, &s.q_full[qb]);
+                                b.kv_head * b.group.size, b.q0 + b.row0 / b.group,
+                                &s.q_full[qb]);
             }
         } else {
             hopper_load_q<WS_PRODUCER_THREADS>(s.q[qb], q, b.row0, b.rows, b.group, b.kv_head,
@@ -404,7 +405,7 @@ struct WsProducer {
 __device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out, float* lse,
                                                   const float (&o_lo)[32], const float (&o_hi)[32],
                                                   const float (&m)[2], const float (&l)[2],
-                                                  int row0, int rows, int group, int kv_head,
+                                                  int row0, int rows, Group group, int kv_head,
                                                   int q0, int num_q_heads) {
     const int t = threadIdx.x & 127, lane = t & 31;
     // Q's two 64-column blocks hold 128 rows of 128 bytes each; this warpgroup's 64 rows of each
@@ -449,7 +450,8 @@ __device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out
 struct WsConsumer {
     WsShared& s;
     int c;  // which consumer: 0 (rows 0..63) or 1 (rows 64..127)
-    int group, causal;
+    Group group;
+    int causal;
     u32 q_addr;   // this warpgroup's first Q row in the item's Q buffer
     float scale;  // sm_scale in log2 units
     int kt = 0, vt = 0, qs = 0, turns = 0;  // K and V stage uses, Qs and turns taken
@@ -550,7 +552,7 @@ struct WsConsumer {
             mbarrier_wait(&s.full_k[ks], (kt >> 1) & 1);
             const WsItem it = s.item[ks];
             if (__any_sync(FULL_MASK, it.seq < 0)) break;
-            const int rows = it.q_len * group;
+            const int rows = it.q_len * group.size;
             q_hi = block_last_visible(it.row0, rows, group, causal, it.kv_len, it.q_len);
             q_lo = last_visible(it.row0, rows, group, causal, it.kv_len, it.q_len);
             int q_token[2];
@@ -624,6 +626,6 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
     const int c = wg - 1;  // consumer: rows 64 c ..
-    WsConsumer w{s, c, num_q_heads / num_kv_heads, causal, 0, sm_scale * LOG2E};
+    WsConsumer w{s, c, make_group(num_q_heads / num_kv_heads), causal, 0, sm_scale * LOG2E};
     w.run(out, lse, num_q_heads, c * 64 + (warp & 3) * 16 + (lane >> 2));
 }
