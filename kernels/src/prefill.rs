@@ -262,9 +262,9 @@ pub fn prefill_attention_on<C: CacheRead>(
     launch.arg(&inputs.sm_scale).arg(&causal);
     // The warp-specialized kernel copies tiles that pages lay out whole with the TMA, in boxes
     // of 16 rows (the smallest page) and 64 columns. (A cache of no rows has no page to copy;
-    // its map describes one row, which is never read.) It copies Q with the TMA too where a
-    // work item's 128 rows are whole tokens (the group of q heads divides 128); otherwise its
-    // Q map is the K map, never read.
+    // its map describes one row, which is never read.) It copies Q, and stores its output, with
+    // the TMA too where a work item's 128 rows, and a consumer's 64, are whole tokens (the group
+    // of q heads divides 64); otherwise those maps are the K map, never read.
     let maps = match kernel {
         PrefillKernel::WgmmaWarpSpecialized => {
             let map = |cache: &C| {
@@ -272,18 +272,25 @@ pub fn prefill_attention_on<C: CacheRead>(
                 tma::rows_of_128(cache.address(gpu), rows, 16)
             };
             let group = hq / inputs.cache.num_kv_heads;
-            let q_tma = 128 % group == 0 && inputs.q.len() >= hq * d;
+            let q_tma = 128 % group == 0 && rows > 0;
+            let o_tma = 64 % group == 0 && rows > 0;
             let q_map = if q_tma {
-                let tokens = inputs.q.len() / (hq * d);
-                tma::folded_queries(gpu.ptr(&inputs.q), tokens, hq, group)?
+                tma::folded_rows(gpu.ptr(&inputs.q), rows, hq, group, 128)?
             } else {
                 map(&inputs.k_cache)?
             };
+            let o_map = if o_tma {
+                tma::folded_rows(out_ptr, out.len() / (hq * d), hq, group, 64)?
+            } else {
+                map(&inputs.k_cache)?
+            };
+            let flags = (q_tma as i32, o_tma as i32);
             Some((
                 map(&inputs.k_cache)?,
                 map(&inputs.v_cache)?,
                 q_map,
-                q_tma as i32,
+                o_map,
+                flags,
             ))
         }
         _ => None,
@@ -293,8 +300,14 @@ pub fn prefill_attention_on<C: CacheRead>(
     }
     // The work items' first and third dimensions: sequences and the longest one's query tiles.
     let seqs_arg = check::int(K, "sequences", num_seqs)?;
-    if let Some((k_map, v_map, q_map, q_tma)) = &maps {
-        launch.arg(k_map).arg(v_map).arg(q_map).arg(q_tma);
+    if let Some((k_map, v_map, q_map, o_map, (q_tma, o_tma))) = &maps {
+        launch
+            .arg(k_map)
+            .arg(v_map)
+            .arg(q_map)
+            .arg(q_tma)
+            .arg(o_map)
+            .arg(o_tma);
         launch.arg(&seqs_arg).arg(&tiles);
     }
     let config = LaunchConfig {

@@ -19,20 +19,28 @@ pub(crate) struct TensorMap(CUtensorMap);
 // SAFETY: a plain 128-byte value that the kernel reads as its parameter.
 unsafe impl DeviceRepr for TensorMap {}
 
-/// The map of bf16 queries `[tokens][num_q_heads][128]` at device address `ptr`, read in boxes of
-/// 64 columns of `group` consecutive heads for `128 / group` consecutive tokens: the 128 rows,
-/// token by token, of one work item of the prefill kernel (the q heads of one KV head, folded
-/// as the kernel folds them), one 128-byte-swizzled block of its Q tile. `group` divides 128.
-pub(crate) fn folded_queries(
+/// The map of bf16 query rows `[tokens][num_q_heads][128]` (the queries, or attention's output)
+/// at device address `ptr`, in boxes of 64 columns of `group` consecutive heads for
+/// `rows / group` consecutive tokens: `rows` rows, token by token, of one work item of the
+/// prefill kernel (the q heads of one KV head, folded as the kernel folds them), one
+/// 128-byte-swizzled block of its tile. `group` divides `rows`.
+pub(crate) fn folded_rows(
     ptr: u64,
     tokens: usize,
     num_q_heads: usize,
     group: usize,
+    rows: usize,
 ) -> Result<TensorMap> {
     let dims = [128u64, num_q_heads as u64, tokens as u64];
     let strides = [128u64 * 2, (num_q_heads * 128 * 2) as u64];
-    let boxes = [64u32, group as u32, (128 / group) as u32];
-    encode_bf16(ptr, &dims, &strides, &boxes, "describing the queries")
+    let boxes = [64u32, group as u32, (rows / group) as u32];
+    encode_bf16(
+        ptr,
+        &dims,
+        &strides,
+        &boxes,
+        "describing query rows to the tensor memory accelerator",
+    )
 }
 
 /// The map of a bf16 matrix of `rows` rows of 128 elements (a paged KV cache, one row a token

@@ -144,6 +144,17 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int
         : "memory");
 }
 
+// Starts the TMA store of `src` into the box of the 3-dimensional `map` whose first element is
+// (x, y, z), in this thread's bulk group.
+__device__ __forceinline__ void tma_store_3d(const TensorMap* map, int x, int y, int z,
+                                             const void* src) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+            reinterpret_cast<u64>(map)),
+        "r"(x), "r"(y), "r"(z), "r"(shared_address(src))
+        : "memory");
+}
+
 // The producer's 128 threads meet; true when `pred` holds for all of them.
 __device__ __forceinline__ bool producer_all(bool pred) {
     u32 all;
@@ -397,22 +408,24 @@ struct WsProducer {
 
 // Writes a consumer's 64 rows (rows 64 c.. of the block) through shared memory: each thread
 // puts its normalised values (wgmma's layout: 4 bytes of a row a column group) into the
-// warpgroup's part of Q's tile, which no wgmma reads any more, then every thread copies 16-byte
-// pieces of whole rows out. Written from registers, a warp's 4-byte stores touched 8 rows at
-// once, a quarter of every sector written. Staged rows are 256 bytes, their 16-byte chunk k at
-// k ^ (row % 8): the 8 rows a warp writes at once hit 32 different banks. A block's fixed costs
-// weigh on short prompts: 16 x 512 went from 139 to 150 TFLOP/s, 4 x 2048 from 312 to 329.
+// warpgroup's rows of its item's Q buffer, which no wgmma reads any more, laid out as Q was (two
+// 64-column halves of 128-byte rows, 16-byte chunk k of row r at k ^ (r % 8): the 8 rows a warp
+// writes at once hit 32 different banks). Written from registers, a warp's 4-byte stores touched
+// 8 rows at once, a quarter of every sector written. With `o_map` (the rows are whole tokens of
+// the group, and all of them are rows of the sequence), one thread then asks the TMA to store
+// both halves, and waits only until it has read them; otherwise every thread copies 16-byte
+// pieces of whole rows out (a sequence's last rows, whose box would overwrite the next
+// sequence's). Copied by the 128 threads, the rows had cost a consumer 0.6 us an item.
 __device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out, float* lse,
+                                                  const TensorMap* o_map,
                                                   const float (&o_lo)[32], const float (&o_hi)[32],
                                                   const float (&m)[2], const float (&l)[2],
                                                   int row0, int rows, Group group, int kv_head,
                                                   int q0, int num_q_heads) {
     const int t = threadIdx.x & 127, lane = t & 31;
-    // Q's two 64-column blocks hold 128 rows of 128 bytes each; this warpgroup's 64 rows of each
-    // are 8 KiB, 32 staged rows: staged row rr in the block rr / 32.
-    char* const stage = reinterpret_cast<char*>(q_tile) + c * 8192;
-    auto chunk_at = [stage](int rr, int k) {
-        return stage + (rr >> 5) * (HOP_M * 128) + (rr & 31) * 256 + ((k ^ (rr & 7)) << 4);
+    char* const stage = reinterpret_cast<char*>(q_tile) + c * 64 * 128;
+    auto chunk_at = [stage](int rr, int k) {  // k: 0..15 over both halves
+        return stage + (k >> 3) * (HOP_M * 128) + rr * 128 + (((k & 7) ^ (rr & 7)) << 4);
     };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -431,6 +444,19 @@ __device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out
         if (lse != nullptr && (lane & 3) == 0 && gr < rows) {
             lse[folded_row(gr, group, kv_head, q0, num_q_heads)] = row_lse(m[h], total);
         }
+    }
+    if (o_map != nullptr) {
+        fence_async_shared();  // the rows, written by this thread, before the TMA reads them
+        asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
+        if (t == 0) {
+            const int token = q0 + (row0 + c * 64) / group;
+            for (int half = 0; half < 2; ++half)
+                tma_store_3d(o_map, half * 64, kv_head * group.size, token,
+                             stage + half * (HOP_M * 128));
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        }
+        return;
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
 #pragma unroll
@@ -546,7 +572,9 @@ struct WsConsumer {
 
     // Walks the items until the producer's end, storing each one's rows: through Q's memory
     // when it loaded a Q (then released for the next), else straight out (zeros).
-    __device__ __forceinline__ void run(bf16* out, float* lse, int num_q_heads, int my_row) {
+    // `o_map`: the output's map when the items' rows are whole tokens (else null).
+    __device__ __forceinline__ void run(bf16* out, float* lse, const TensorMap* o_map,
+                                        int num_q_heads, int my_row) {
         for (;;) {
             const int ks = kt & 1;
             mbarrier_wait(&s.full_k[ks], (kt >> 1) & 1);
@@ -567,8 +595,9 @@ struct WsConsumer {
             hopper_walk(*this, num_tiles);
             if (__any_sync(FULL_MASK, qs != qs_before)) {
                 const int qb = (qs - 1) & 1;
-                store_rows_staged(s.q[qb], c, out, lse, o_lo, o_hi, m, l, it.row0, rows, group,
-                                  it.kv_head, it.q0, num_q_heads);
+                const bool whole = it.row0 + c * 64 + 64 <= rows;  // every row a sequence row
+                store_rows_staged(s.q[qb], c, out, lse, whole ? o_map : nullptr, o_lo, o_hi, m, l,
+                                  it.row0, rows, group, it.kv_head, it.q0, num_q_heads);
                 release(&s.q_empty[qb]);
             } else {
                 hopper_store_rows(out, lse, o_lo, o_hi, m, l, q_token, it.row0, my_row, group,
@@ -576,13 +605,16 @@ struct WsConsumer {
             }
         }
         if (c == 0 && turns > 0) named_barrier_sync(WS_TURN_BARRIER);  // consumer 1's last
+        // The TMA's stores have landed before the kernel ends.
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     }
 };
 
 // One block an SM, walking work items: 128 rows, 128-slot tiles, a producer and two consumer
 // warpgroups. `ranks`: the longest sequence's query tiles (an item's third index). `q_tma`:
 // whether `q_map` describes Q (a group of q heads divides an item's 128 rows; else the
-// producer's threads copy Q).
+// producer's threads copy Q); `o_tma`, whether `o_map` describes the output in boxes of a
+// consumer's 64 rows.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_hopper_ws_d128(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
@@ -591,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
     float sm_scale, int causal, const __grid_constant__ TensorMap k_map,
     const __grid_constant__ TensorMap v_map, const __grid_constant__ TensorMap q_map, int q_tma,
-    int num_seqs, int ranks) {
+    const __grid_constant__ TensorMap o_map, int o_tma, int num_seqs, int ranks) {
     extern __shared__ unsigned char raw_smem[];
     if (((0u - shared_address(raw_smem)) & 1023u) > WS_ALIGN_SLACK) __trap();
     auto& s = aligned_shared<WsShared>(raw_smem);
@@ -627,5 +659,5 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
     const int c = wg - 1;  // consumer: rows 64 c ..
     WsConsumer w{s, c, make_group(num_q_heads / num_kv_heads), causal, 0, sm_scale * LOG2E};
-    w.run(out, lse, num_q_heads, c * 64 + (warp & 3) * 16 + (lane >> 2));
+    w.run(out, lse, o_tma ? &o_map : nullptr, num_q_heads, c * 64 + (warp & 3) * 16 + (lane >> 2));
 }
