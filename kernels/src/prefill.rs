@@ -118,9 +118,10 @@ impl PrefillKernel {
     /// tiles to the swizzle's 1024 bytes. The warp-specialized kernel holds two Qs, two slot
     /// tables with their flags, two work items, the fourteen mbarriers of the stages and of the
     /// Qs and an int a producer warp: 231,632 bytes, which leave 816 of the 232,448 a block may
-    /// have on an H100. Its launch adds 512 for the alignment, and the kernel stops with an
-    /// error if its window needs more (a block's window, with no static shared memory before
-    /// it, starts aligned).
+    /// have on an H100. Its launch adds 512 for the alignment, and the kernel traps (the launch
+    /// fails and the CUDA context is lost) if its window needs more: a block's window, with no
+    /// static shared memory before it, starts 1024-byte aligned on Hopper, which is what is
+    /// observed and what CUTLASS's Hopper kernels rely on, not a documented promise.
     fn shared_bytes(self) -> usize {
         let tile = 128 * 128 * 2;
         let table = (2 * 128 + 1) * 4;
@@ -262,9 +263,10 @@ pub fn prefill_attention_on<C: CacheRead>(
     launch.arg(&inputs.sm_scale).arg(&causal);
     // The warp-specialized kernel copies tiles that pages lay out whole with the TMA, in boxes
     // of 16 rows (the smallest page) and 64 columns. (A cache of no rows has no page to copy;
-    // its map describes one row, which is never read.) It copies Q, and stores its output, with
-    // the TMA too where a work item's 128 rows, and a consumer's 64, are whole tokens (the group
-    // of q heads divides 64); otherwise those maps are the K map, never read.
+    // its map describes one row, which is never read.) It copies Q with the TMA too where a
+    // work item's 128 rows are whole tokens (the group of q heads divides 128), and stores its
+    // output with it where a consumer's 64 are (the group divides 64); otherwise those maps are
+    // the K map, never read.
     let maps = match kernel {
         PrefillKernel::WgmmaWarpSpecialized => {
             let map = |cache: &C| {

@@ -384,6 +384,11 @@ fn prefill_matches_reference_with_cached_prefixes_and_odd_segments() {
         // A group of 3 q heads: a work item's 128 rows are not whole tokens, so the
         // warp-specialized kernel's producer copies Q row by row instead of with the TMA.
         (128, 12, 4, 16, vec![(&[200, 40], 150), (&[90], 90)], true),
+        // Groups of 1, 8 and 128: one q head a token's row (its TMA boxes one head deep), eight
+        // tokens' heads a box, and a box of one token whose rows are copied out row by row.
+        (128, 8, 8, 16, vec![(&[300], 260), (&[70, 5], 75)], true),
+        (128, 32, 4, 256, vec![(&[150, 100], 200), (&[33], 33)], true),
+        (128, 128, 1, 16, vec![(&[40], 3), (&[7], 7)], true),
     ];
     for (d, hq, hkv, ps, seqs, causal) in cases {
         let pages = seqs

@@ -152,23 +152,28 @@ __device__ __forceinline__ SequencePages sequence_pages(const int* kv_indptr,
 }
 
 // A GQA group of q heads (those of one KV head) as a divisor: row r of a block's folded rows is
-// head r % group of token r / group. The Hopper kernels split rows by a multiply: x / size is
-// the high word of x * ceil(2^32 / size) for every x below 2^32 / size (Granlund and
-// Montgomery, "Division by invariant integers using multiplication", 1994), two instructions
-// where a division by a value known only at run time takes about twenty. The persistent
-// kernel's consumers split two dozen rows an item, and those divisions were 3-7% of a short
-// prompt's time.
+// head r % group of token r / group. The Hopper kernels split rows by a multiply, as compilers
+// divide by a constant: with l = ceil(log2 size) and m = floor(2^32 (2^l - size) / size) + 1,
+// t = the high word of x m, x / size = (t + (x - t) / 2) / 2^(l - 1) for every 32-bit x
+// (Granlund and Montgomery, "Division by invariant integers using multiplication", 1994; the
+// halving is skipped for a size of 1). A few instructions, where a division by a value known
+// only at run time takes about twenty: the persistent kernel's consumers split two dozen rows
+// an item, and those divisions were 3-7% of a short prompt's time.
 struct Group {
     int size;
-    u32 magic;  // ceil(2^32 / size); 0, unused, for a size of 1
+    u32 magic;       // m
+    u32 halve, shift;  // min(l, 1), max(l - 1, 0)
 };
 
 __device__ __forceinline__ Group make_group(int size) {
-    return {size, 0xffffffffu / (u32)size + 1u};
+    const u32 l = 32 - __clz(size - 1);
+    const u64 m = ((1ull << 32) * ((1ull << l) - (u64)size)) / (u64)size + 1;
+    return {size, (u32)m, min(l, 1u), l > 0 ? l - 1 : 0u};
 }
 
 __device__ __forceinline__ int operator/(int x, Group g) {
-    return g.size == 1 ? x : (int)__umulhi((u32)x, g.magic);
+    const u32 t = __umulhi((u32)x, g.magic);
+    return (int)((t + (((u32)x - t) >> g.halve)) >> g.shift);
 }
 
 __device__ __forceinline__ int operator%(int x, Group g) { return x - (x / g) * g.size; }

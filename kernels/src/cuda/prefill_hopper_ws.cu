@@ -50,12 +50,12 @@
 // of its first tile, so the consumers read it with that tile; a stage whose tile is in the
 // future of every row (causal) or past the item's pages carries no copies and ends the item's
 // walk. Q has two buffers, each with its own mbarriers, used in turn by the items that load one:
-// the consumers stage an item's output rows through its Q buffer, and the producer starts the
-// Q two items on once both consumers have stored them. With one buffer the next item's Q could
-// only start after the last item's rows were out, and every item began with the consumers
-// waiting for its Q. An item that walks no tile loads no Q and writes its zero rows straight
-// out, so that every stage of rows through a Q buffer is fenced from the next one by a Q load
-// both consumers waited for.
+// the consumers stage an item's output rows through its Q buffer, and once both have stored
+// them the producer may load the buffer's next Q (two Q-loading items on). With one buffer the
+// next item's Q could only start after the last item's rows were out, and every item began
+// with the consumers waiting for its Q. An item that walks no tile loads no Q and writes its
+// zero rows straight out, so that every stage of rows through a Q buffer is fenced from the
+// next one by a Q load both consumers waited for.
 //
 // The ping-pong runs on across items too: each consumer takes one turn a tile walked and one
 // for the last P V, so the turns alternate for the whole kernel. Consumer 0's first turn is its
@@ -312,10 +312,12 @@ struct WsProducer {
     // buffer's next Q: a wait never has two outstanding.
     //
     // The item's 128 rows are 128 / group tokens of its group of q heads: with q_tma, one box
-    // a 64-column half, asked for by one thread. The box's rows past the sequence's last
-    // are another sequence's queries (or zeros past the batch's last token), which no key
-    // is shown to and which are not stored. Asked for with cp.async by the 128 threads, the
-    // rows' addresses cost the producer 3 us an item, which the consumers waited through.
+    // a 64-column half, asked for by one thread, and the other threads arrive without waiting
+    // for their own copies (a tile's cp.async gathers may be in flight). The box's rows past
+    // the sequence's last are another sequence's queries (or zeros past the batch's last
+    // token): their scores are computed and never stored. Asked for with cp.async by the 128
+    // threads, the rows' addresses cost the producer 3 us an item, which the consumers waited
+    // through.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
         const int qb = qs & 1;
         if (qs >= 2) mbarrier_wait(&s.q_empty[qb], ((qs >> 1) - 1) & 1);
@@ -327,11 +329,12 @@ struct WsProducer {
                                 b.kv_head * b.group.size, b.q0 + b.row0 / b.group,
                                 &s.q_full[qb]);
             }
+            mbarrier_arrive(&s.q_full[qb]);
         } else {
             hopper_load_q<WS_PRODUCER_THREADS>(s.q[qb], q, b.row0, b.rows, b.group, b.kv_head,
                                                b.q0, num_q_heads);
+            cp_async_arrive(&s.q_full[qb]);
         }
-        cp_async_arrive(&s.q_full[qb]);
         ++qs;
     }
 
@@ -445,8 +448,10 @@ __device__ __forceinline__ void store_rows_staged(bf16* q_tile, int c, bf16* out
             lse[folded_row(gr, group, kv_head, q0, num_q_heads)] = row_lse(m[h], total);
         }
     }
+    // The rows, written by this thread, before the TMA reads them (a store) or writes over them
+    // (the Q two loads on, once this buffer is released).
+    fence_async_shared();
     if (o_map != nullptr) {
-        fence_async_shared();  // the rows, written by this thread, before the TMA reads them
         asm volatile("bar.sync %0, 128;\n" ::"r"(WS_STORE_BARRIER + c) : "memory");
         if (t == 0) {
             const int token = q0 + (row0 + c * 64) / group;
