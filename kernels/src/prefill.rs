@@ -273,27 +273,22 @@ pub fn prefill_attention_on<C: CacheRead>(
                 let rows = (cache.elements() / d).max(1);
                 tma::rows_of_128(cache.address(gpu), rows, 16)
             };
+            let k_map = map(&inputs.k_cache)?;
             let group = hq / inputs.cache.num_kv_heads;
             let q_tma = 128 % group == 0 && rows > 0;
             let o_tma = 64 % group == 0 && rows > 0;
             let q_map = if q_tma {
                 tma::folded_rows(gpu.ptr(&inputs.q), rows, hq, group, 128)?
             } else {
-                map(&inputs.k_cache)?
+                k_map
             };
             let o_map = if o_tma {
                 tma::folded_rows(out_ptr, out.len() / (hq * d), hq, group, 64)?
             } else {
-                map(&inputs.k_cache)?
+                k_map
             };
             let flags = (q_tma as i32, o_tma as i32);
-            Some((
-                map(&inputs.k_cache)?,
-                map(&inputs.v_cache)?,
-                q_map,
-                o_map,
-                flags,
-            ))
+            Some((k_map, map(&inputs.v_cache)?, q_map, o_map, flags))
         }
         _ => None,
     };

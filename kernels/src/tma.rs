@@ -13,6 +13,7 @@ use crate::error::{DriverContext, Result};
 
 /// The driver's 128-byte description of a tensor, passed to a kernel by value (as a
 /// `__grid_constant__` parameter).
+#[derive(Clone, Copy)]
 #[repr(transparent)]
 pub(crate) struct TensorMap(CUtensorMap);
 
