@@ -1,7 +1,8 @@
 //! Hopper's tensor memory accelerator (TMA): the tensor map through which one thread of a block
 //! asks the copy engine for a whole box of a tensor, written into shared memory in the 128-byte
 //! swizzle wgmma reads (`cuda/wgmma.cuh`) and counted on an mbarrier. FlashAttention-3 feeds its
-//! products this way; `cuda/prefill_hopper_ws.cu` does for the tiles its pages lay out whole.
+//! products this way; `cuda/prefill_hopper_ws.cu` does for the tiles its pages lay out whole and
+//! for each work item's Q, and stores its output rows back through a map the same way.
 
 use cudarc::driver::DeviceRepr;
 use cudarc::driver::sys::{
