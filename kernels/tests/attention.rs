@@ -541,9 +541,9 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
     }
 }
 
-/// Sequences of 5 to 300 tokens, some in two segments: with ranges of 256 slots the 300-token
-/// ones and those that straddle a range's end are put together from pieces, the rest are
-/// written whole by one block.
+/// Sequences of 5 to 300 tokens, some in two segments: with ranges of `MIN_RANGE` slots the
+/// longer ones and those that straddle a range's end are put together from pieces, the rest
+/// are written whole by one block.
 #[test]
 fn decode_matches_reference_whole_and_in_pieces() {
     let Some(gpu) = gpu() else { return };
@@ -570,6 +570,33 @@ fn decode_matches_reference_whole_and_in_pieces() {
                 }
             }
         }
+    }
+}
+
+/// Cascade's own pages: hundreds of sequences of 1 to 80 tokens, whose segments (rounded up to
+/// 32 slots) average less than `MIN_RANGE`: a range then holds one or two segments, often a
+/// piece of each.
+#[test]
+fn decode_many_short_sequences_spread_over_the_wave() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(24);
+    let (d, hq, hkv, ps) = (128, 16, 8, 16);
+    let lens: Vec<usize> = (0..300).map(|i| 1 + (i * 37) % 80).collect();
+    let segs: Vec<(&[usize], usize)> = lens.iter().map(|l| (std::slice::from_ref(l), 1)).collect();
+    let pages: usize = lens.iter().map(|n| n.div_ceil(ps)).sum();
+    let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
+    let slots: usize = lens.iter().map(|n| n.div_ceil(32) * 32).sum();
+    assert!(
+        slots / lens.len() < MIN_RANGE,
+        "segments should average fewer slots than MIN_RANGE"
+    );
+    let dev = upload(&gpu, &p);
+    let (want, want_lse) = p.reference(&p.seqs, true);
+    for kernel in decode_kernels(&gpu, d) {
+        let cache = (dev.k.as_view(), dev.v.as_view());
+        let (out, lse) = decode_over(kernel, &gpu, &p, cache, &dev.q, &p.seqs);
+        let name = format!("decode many short sequences {kernel:?}");
+        assert_attention(&name, (&out, &lse), (&want, &want_lse));
     }
 }
 
