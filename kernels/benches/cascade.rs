@@ -9,8 +9,10 @@
 //! log-sum-exp. A small batch has too few query tiles to fill the GPU, so the "split" variant
 //! also cuts the prefix into parts attended in parallel (the queries repeated once per part by
 //! one gather, inside the timed region) and merges the parts in one launch, as the CUDA runner
-//! does; the table shows the fastest count of parts (2 to 32), and a third table every count. Times are device times between
-//! CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so and exits.
+//! does, the decode of the requests' own pages started beside the prefix's pass; the table
+//! shows the fastest count of parts (2 to 32), and a third table every count. Times are device
+//! times between CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so
+//! and exits.
 //!
 //! A second table is one layer's attention in the chunk API's cached composition: 16 new tokens
 //! after a 40-token system prompt and a 1k-16k-token context, one sequence, pages of 256 (the
@@ -21,7 +23,7 @@
 mod common;
 
 use common::{fill, time};
-use kernels::decode::{DecodeWorkspace, decode_attention};
+use kernels::decode::{DecodeWorkspace, decode_attention, decode_attention_beside};
 use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
@@ -127,6 +129,12 @@ impl Pieces {
         o: &mut CudaSlice<bf16>,
         lse: &mut CudaSlice<f32>,
     ) {
+        self.attend(gpu, cache, q);
+        self.merge_into(gpu, o, lse);
+    }
+
+    /// Attends `q` over every piece.
+    fn attend(&mut self, gpu: &Gpu, cache: &Cache, q: &CudaSlice<bf16>) {
         gather_rows(gpu, q, self.queries, &self.index, &mut self.q, HQ * D).unwrap();
         let queries = PrefillQueries {
             indptr: self.indptr.as_view(),
@@ -135,6 +143,10 @@ impl Pieces {
         let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut self.lse;
         let inputs = cache.inputs(&self.q, &self.table);
         prefill_attention(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out)).unwrap();
+    }
+
+    /// Folds the pieces into `(o, lse)`.
+    fn merge_into(&self, gpu: &Gpu, o: &mut CudaSlice<bf16>, lse: &mut CudaSlice<f32>) {
         let pieces = PartialState {
             o: self.o.as_view(),
             lse: self.lse.as_view(),
@@ -162,8 +174,8 @@ fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Ve
 
 /// Cascade: the prefix in `parts` parallel pieces for all queries, the suffixes by decode, and
 /// log-sum-exp merges, launched as the CUDA runner launches them: one gather repeats the
-/// queries once per part, one unmasked prefill call attends every part, and the parts merge
-/// into the suffixes' result.
+/// queries once per part, one unmasked prefill call attends every part, the decode of the
+/// suffixes starts beside it, and the parts merge into the suffixes' result.
 fn cascade(
     gpu: &Gpu,
     cache: &Cache,
@@ -189,8 +201,9 @@ fn cascade(
     let mut ws = DecodeWorkspace::new(gpu, D).unwrap();
 
     let mut run = || {
-        decode_attention(gpu, &own_inputs, &mut ws, &mut o, Some(&mut lse)).unwrap();
-        shared.attend_into(gpu, cache, q, &mut o, &mut lse);
+        shared.attend(gpu, cache, q);
+        decode_attention_beside(gpu, &own_inputs, &mut ws, &mut o, Some(&mut lse)).unwrap();
+        shared.merge_into(gpu, &mut o, &mut lse);
     };
     let secs = time(gpu, &mut run);
     (secs, gpu.download(&o).unwrap())

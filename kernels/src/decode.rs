@@ -138,9 +138,41 @@ pub fn decode_attention<C: CacheRead>(
     decode_attention_on(kernel, gpu, inputs, workspace, out, lse)
 }
 
+/// [`decode_attention`] started beside the kernel queued before it: on Hopper its blocks may
+/// start while that kernel runs, on the multiprocessors it leaves free, once it lets them (the
+/// warp-specialized prefill kernel does at its start); the call ends after that kernel does.
+/// Cascade attention runs its requests' own pages this way beside the shared prefix's pass,
+/// which at 64 requests fills half the GPU. It must read nothing that kernel writes. Before
+/// Hopper, and after a kernel that does not let it start early, an ordinary launch.
+pub fn decode_attention_beside<C: CacheRead>(
+    gpu: &Gpu,
+    inputs: &AttentionInputs<'_, C>,
+    workspace: &mut DecodeWorkspace,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    let fp8 = inputs.scales(K)?.2;
+    let kernel = DecodeKernel::best(gpu, inputs.cache.head_dim, inputs.group(), fp8);
+    launch_decode(kernel, true, gpu, inputs, workspace, out, lse)
+}
+
 /// [`decode_attention`] on the kernel given (to compare them).
 pub fn decode_attention_on<C: CacheRead>(
     kernel: DecodeKernel,
+    gpu: &Gpu,
+    inputs: &AttentionInputs<'_, C>,
+    workspace: &mut DecodeWorkspace,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    launch_decode(kernel, false, gpu, inputs, workspace, out, lse)
+}
+
+/// The decode kernel on `kernel` and its merge; the kernel started beside the one before it
+/// when `beside` ([`decode_attention_beside`]).
+fn launch_decode<C: CacheRead>(
+    kernel: DecodeKernel,
+    beside: bool,
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
     workspace: &mut DecodeWorkspace,
@@ -228,31 +260,42 @@ pub fn decode_attention_on<C: CacheRead>(
         check::int(K, "num_pages", inputs.cache.num_pages)?,
     ];
     let min_range = MIN_RANGE as i32;
-    let mut launch = gpu.stream().launch_builder(&f);
-    for p in &ptrs {
-        launch.arg(p);
-    }
-    for i in &ints {
-        launch.arg(i);
-    }
-    launch
-        .arg(&inputs.sm_scale)
-        .arg(&min_range)
-        .arg(&k_scale)
-        .arg(&v_scale);
     let mut config = grid((blocks as u32, 1, 1), kernel.threads());
     config.shared_mem_bytes = shared as u32;
-    unsafe { launch.launch(config) }.during(K)?;
+    // A kernel argument for a raw launch: the address of its value.
+    fn arg<T>(value: &T) -> *mut std::ffi::c_void {
+        value as *const T as *mut std::ffi::c_void
+    }
+    if beside {
+        let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
+        args.extend([
+            arg(&inputs.sm_scale),
+            arg(&min_range),
+            arg(&k_scale),
+            arg(&v_scale),
+        ]);
+        unsafe { gpu.launch_programmatic(K, &f, config, &mut args) }?;
+    } else {
+        let mut launch = gpu.stream().launch_builder(&f);
+        for p in &ptrs {
+            launch.arg(p);
+        }
+        for i in &ints {
+            launch.arg(i);
+        }
+        launch
+            .arg(&inputs.sm_scale)
+            .arg(&min_range)
+            .arg(&k_scale)
+            .arg(&v_scale);
+        unsafe { launch.launch(config) }.during(K)?;
+    }
 
     // The rows of sequences that blocks shared, from their pieces; launched so that it may start
     // while the decode kernel's last blocks run (it waits for them before reading a piece).
     const MERGE: &str = "decode_merge_pieces";
     let f = gpu.function(Source::DecodeAttention, MERGE)?;
     let (d_arg, gh_arg, blocks_arg) = (d as i32, gh as i32, blocks as i32);
-    // A kernel argument for a raw launch: the address of its value.
-    fn arg<T>(value: &T) -> *mut std::ffi::c_void {
-        value as *const T as *mut std::ffi::c_void
-    }
     let mut args: [*mut std::ffi::c_void; 11] = [
         arg(&ptrs[6]),
         arg(&part_o),

@@ -315,10 +315,12 @@ impl Gpu {
     }
 
     /// Launches `f` on the stream as a programmatic dependent launch (Hopper and later): its
-    /// blocks may start before the kernel queued before it has finished, and must wait for it
-    /// with `griddepcontrol.wait` before reading what it wrote; every thread must reach that
-    /// wait, since later work on the stream waits only for this kernel. Before Hopper, a plain
-    /// launch. `args` point at each argument's value, in the kernel's order; `name` is for errors.
+    /// blocks may start before the kernel queued before it has finished (once that kernel runs
+    /// `griddepcontrol.launch_dependents`, or as its blocks end), and must wait for it with
+    /// `griddepcontrol.wait` before reading what it wrote. Later work on the stream waits only
+    /// for this kernel, so a thread of it must reach that wait before it ends. Before Hopper, a
+    /// plain launch. `args` point at each argument's value, in the kernel's order; `name` is for
+    /// errors.
     ///
     /// # Safety
     /// As for any launch: the arguments must match the kernel's parameters.

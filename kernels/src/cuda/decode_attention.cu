@@ -95,6 +95,15 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
+// A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
+// pages while the shared prefix's pass runs) starts once that kernel lets it and reads nothing
+// it writes. The kernels after the decode on the stream wait only for the decode (and its
+// merge, which waits for it), so block 0 waits for the kernel before before it ends: the
+// decode then ends after that kernel. Launched as usual, the wait returns at once.
+__device__ __forceinline__ void end_after_previous_kernel() {
+    if (blockIdx.x == 0) wait_for_previous_kernel();
+}
+
 #define SLOT_ALIGN 32
 
 // The range of the segment line that each block takes: an equal share, a multiple of
@@ -368,7 +377,10 @@ __device__ __forceinline__ void decode_attention(
     const int ts = lane / Rows::LPT, dc = lane % Rows::LPT;  // token slot in the warp, chunk of the row
     const int groups = num_q_heads / GH;
     const auto [begin, end] = block_part(slot_indptr, num_seqs, groups, min_range);
-    if (begin >= end) return;
+    if (begin >= end) {
+        end_after_previous_kernel();
+        return;
+    }
     int seq = first_sequence(begin, slot_indptr, num_seqs, groups, s_first);
 
     const float scale = sm_scale * LOG2E;
@@ -407,6 +419,7 @@ __device__ __forceinline__ void decode_attention(
                       [] { __syncthreads(); });
         pos = sg.next();
     }
+    end_after_previous_kernel();
 }
 
 #if __CUDA_ARCH__ >= 900
@@ -477,7 +490,10 @@ __device__ __forceinline__ void decode_attention_bulk(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int groups = num_q_heads / GH;
     const auto [begin, end] = block_part(slot_indptr, num_seqs, groups, min_range);
-    if (begin >= end) return;
+    if (begin >= end) {
+        end_after_previous_kernel();
+        return;
+    }
     if (threadIdx.x == 0) {
         for (int t = 0; t < STAGES; ++t) {
             mbarrier_init(&full[t], 1);
@@ -543,6 +559,7 @@ __device__ __forceinline__ void decode_attention_bulk(
             }
             pos = sg.next();
         }
+        end_after_previous_kernel();  // the producer: the consumers may be computing still
         return;
     }
 

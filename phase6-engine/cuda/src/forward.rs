@@ -638,15 +638,24 @@ fn attend<C: CacheRead>(
 ) -> Result<()> {
     let (t, qw, hq) = (s.ids.len(), m.q_width(), m.heads);
     let cascade = !s.levels.is_empty();
-    let mut first = 0;
-    if let Some(d) = &s.decode {
-        let n = d.table.num_seqs();
+    let first = s.decode.as_ref().map_or(0, |d| d.table.num_seqs());
+    // The decode rows' own pages: with cascade levels, beside the first level's shared pass
+    // (which at 64 requests fills half the GPU), since neither reads what the other writes.
+    let decode_rows = |a: &mut Activations, beside: bool| -> Result<()> {
+        let Some(d) = &s.decode else { return Ok(()) };
+        let n = first;
         let inputs = attention_inputs(m, shape, layer(), a.q.slice(..n * qw), d.table.page_table());
         let mut out = a.attn.slice_mut(..n * qw);
         let mut lse = a.lse.slice_mut(..n * hq);
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
-        decode::decode_attention(gpu, &inputs, &mut a.decode_ws, &mut out, lse)?;
-        first = n;
+        if beside {
+            decode::decode_attention_beside(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
+        } else {
+            decode::decode_attention(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
+        }
+    };
+    if !cascade {
+        decode_rows(a, false)?;
     }
     if let Some(p) = &s.prefill {
         let inputs = attention_inputs(
@@ -665,7 +674,7 @@ fn attend<C: CacheRead>(
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
         prefill::prefill_attention(gpu, &inputs, &queries, true, &mut out, lse)?;
     }
-    for level in &s.levels {
+    for (i, level) in s.levels.iter().enumerate() {
         let n = level.rows.len();
         gather::gather_rows(gpu, &a.q, t, &level.rows, &mut a.part_q, qw)?;
         let g = &level.groups;
@@ -677,6 +686,9 @@ fn attend<C: CacheRead>(
         };
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         prefill::prefill_attention(gpu, &inputs, &queries, false, &mut a.part_o, Some(lse))?;
+        if i == 0 {
+            decode_rows(a, true)?;
+        }
         let parts = PartialState {
             o: a.part_o.slice(..n * qw),
             lse: a.part_lse.slice(..n * hq),
