@@ -237,7 +237,15 @@ impl StepPlan {
             }
         }
         let rows_of = |i: usize| first_row[i]..first_row[i] + batch.seqs[i].tokens.len();
-        plan.levels = split::levels(unmasked, rows_of, &limits.split, ps, limits.max_tokens);
+        let beside = !decode.is_empty();
+        plan.levels = split::levels(
+            unmasked,
+            rows_of,
+            &limits.split,
+            ps,
+            limits.max_tokens,
+            beside,
+        );
 
         for (i, s) in batch.seqs.iter().enumerate() {
             if let Some(spec) = s.sample {

@@ -19,6 +19,10 @@ use crate::plan::{Level, Prefill};
 /// The most pieces one level is cut into: more were slower in every case measured.
 pub const MAX_PIECES: usize = 32;
 
+/// Pieces at least this long fill the wave even beside the decode rows
+/// ([`KvSplit::pieces_beside`]).
+pub const BESIDE_WHOLE_WAVE_TOKENS: usize = 2048;
+
 /// How finely unmasked KV is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvSplit {
@@ -52,6 +56,25 @@ impl KvSplit {
             .min(tokens / min_tokens)
             .clamp(1, MAX_PIECES);
         floor_power_of_two(wanted)
+    }
+
+    /// [`Self::pieces`] for the level that the step's decode rows are attended beside (the
+    /// CUDA runner starts their decode while the level's call runs, on the multiprocessors it
+    /// leaves free): where filling the wave would cut pieces shorter than
+    /// [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the decode. On an
+    /// H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k shared tokens)
+    /// this is the fastest count on 11 of the 12 cases and 8% from it on the twelfth (256 x 8k:
+    /// 4 parts, where 2 are faster); filling the wave was 6-21% slower on five of them.
+    pub fn pieces_beside(&self, queries: usize, tokens: usize) -> usize {
+        let whole_wave = self.pieces(queries, tokens);
+        if whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS {
+            return whole_wave;
+        }
+        let half = KvSplit {
+            blocks_at_once: (self.blocks_at_once / 2).max(1),
+            ..*self
+        };
+        half.pieces(queries, tokens)
     }
 }
 
@@ -98,15 +121,17 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 
 /// Puts each unmasked part on the first level that holds none of its sequences (a level's
 /// rows must be distinct to be merged back in place), and cuts the parts of a level into as
-/// many pieces as its most demanding part wants, as far as `max_rows` gathered rows allow.
-/// Piece `p` of part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the
-/// step's rows of batch sequence `i`.
+/// many pieces as its most demanding part wants, as far as `max_rows` gathered rows allow; the
+/// first level for the step's decode rows beside it where `decode_beside`. Piece `p` of part
+/// `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of
+/// batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,
     split: &KvSplit,
     page_size: usize,
     max_rows: usize,
+    decode_beside: bool,
 ) -> Vec<Level> {
     let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
     for part in parts {
@@ -122,15 +147,20 @@ pub(crate) fn levels(
     }
     assigned
         .into_iter()
-        .map(|parts| {
+        .enumerate()
+        .map(|(level, parts)| {
             let rows: Vec<u32> = parts
                 .iter()
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
+            let beside = decode_beside && level == 0;
             let wanted = parts
                 .iter()
-                .map(|p| split.pieces(p.queries, p.tokens()))
+                .map(|p| match beside {
+                    true => split.pieces_beside(p.queries, p.tokens()),
+                    false => split.pieces(p.queries, p.tokens()),
+                })
                 .max()
                 .unwrap_or(1);
             let pieces = wanted.min(floor_power_of_two(max_rows / rows.len().max(1)));
@@ -197,6 +227,39 @@ mod tests {
         assert_eq!(SPLIT.pieces(4096, 16_000), 1);
         assert_eq!(floor_power_of_two(1), 1);
         assert_eq!(floor_power_of_two(33), 32);
+    }
+
+    /// The cascade bench's twelve cases on the Hopper kernel's wave, with the runner's pieces
+    /// of at least 384 tokens: half the wave while the pieces would be short.
+    #[test]
+    fn beside_the_decode_short_pieces_fill_half_the_wave() {
+        let hopper = KvSplit {
+            block_rows: 128,
+            blocks_at_once: 132,
+            min_tokens: 384,
+            ..SPLIT
+        };
+        let want = [
+            (64, [8, 8, 8, 16]),
+            (128, [4, 4, 8, 8]),
+            (256, [2, 4, 4, 4]),
+        ];
+        for (requests, counts) in want {
+            for (k, count) in counts.into_iter().enumerate() {
+                let tokens = 4096 << k;
+                assert_eq!(
+                    hopper.pieces_beside(requests, tokens),
+                    count,
+                    "{requests} requests x {tokens} tokens"
+                );
+            }
+        }
+        // Filling the wave: 16 parts at 64 requests, 8 at 128, 4 at 256.
+        assert_eq!(hopper.pieces(64, 8192), 16);
+        assert_eq!(hopper.pieces(128, 4096), 8);
+        assert_eq!(hopper.pieces(256, 4096), 4);
+        // Too short to cut stays whole.
+        assert_eq!(hopper.pieces_beside(64, 1000), 1);
     }
 
     #[test]
