@@ -8,7 +8,7 @@
 //! head_dim 128, a producer warp's bulk copies feed the K/V through a ring of shared-memory
 //! stages instead ([`DecodeKernel::BulkCopies`]). The CUDA side is `cuda/decode_attention.cu`.
 
-use cudarc::driver::{CudaSlice, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use half::bf16;
 
 use crate::check;
@@ -133,17 +133,28 @@ pub fn decode_attention<C: CacheRead>(
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
-    let fp8 = inputs.scales(K)?.2;
-    let kernel = DecodeKernel::best(gpu, inputs.cache.head_dim, inputs.group(), fp8);
+    let kernel = best_kernel(gpu, inputs)?;
     decode_attention_on(kernel, gpu, inputs, workspace, out, lse)
 }
 
+/// [`DecodeKernel::best`] for `inputs`' cache.
+fn best_kernel<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Result<DecodeKernel> {
+    let fp8 = inputs.scales(K)?.2;
+    Ok(DecodeKernel::best(
+        gpu,
+        inputs.cache.head_dim,
+        inputs.group(),
+        fp8,
+    ))
+}
+
 /// [`decode_attention`] started beside the kernel queued before it: on Hopper its blocks may
-/// start while that kernel runs, on the multiprocessors it leaves free, once it lets them (the
-/// warp-specialized prefill kernel does at its start); the call ends after that kernel does.
-/// Cascade attention runs its requests' own pages this way beside the shared prefix's pass,
-/// which at 64 requests fills half the GPU. It must read nothing that kernel writes. Before
-/// Hopper, and after a kernel that does not let it start early, an ordinary launch.
+/// start while that kernel runs, on the multiprocessors it leaves free, once it lets them
+/// ([`crate::prefill::PrefillKernel::lets_dependents_start`]); the call ends after that kernel
+/// does. Cascade attention runs its requests' own pages this way beside the shared prefix's
+/// pass, which at 64 requests fills half the GPU. The two must not touch the same memory: the
+/// decode may read nothing that kernel writes, and write nothing it reads or writes. Before
+/// Hopper, or after a kernel that lets it start only as it ends, it runs after that kernel.
 pub fn decode_attention_beside<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
@@ -151,8 +162,7 @@ pub fn decode_attention_beside<C: CacheRead>(
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
-    let fp8 = inputs.scales(K)?.2;
-    let kernel = DecodeKernel::best(gpu, inputs.cache.head_dim, inputs.group(), fp8);
+    let kernel = best_kernel(gpu, inputs)?;
     launch_decode(kernel, true, gpu, inputs, workspace, out, lse)
 }
 
@@ -266,30 +276,14 @@ fn launch_decode<C: CacheRead>(
     fn arg<T>(value: &T) -> *mut std::ffi::c_void {
         value as *const T as *mut std::ffi::c_void
     }
-    if beside {
-        let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
-        args.extend([
-            arg(&inputs.sm_scale),
-            arg(&min_range),
-            arg(&k_scale),
-            arg(&v_scale),
-        ]);
-        unsafe { gpu.launch_programmatic(K, &f, config, &mut args) }?;
-    } else {
-        let mut launch = gpu.stream().launch_builder(&f);
-        for p in &ptrs {
-            launch.arg(p);
-        }
-        for i in &ints {
-            launch.arg(i);
-        }
-        launch
-            .arg(&inputs.sm_scale)
-            .arg(&min_range)
-            .arg(&k_scale)
-            .arg(&v_scale);
-        unsafe { launch.launch(config) }.during(K)?;
-    }
+    let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
+    args.extend([
+        arg(&inputs.sm_scale),
+        arg(&min_range),
+        arg(&k_scale),
+        arg(&v_scale),
+    ]);
+    unsafe { gpu.launch_args(K, &f, config, &mut args, beside) }?;
 
     // The rows of sequences that blocks shared, from their pieces; launched so that it may start
     // while the decode kernel's last blocks run (it waits for them before reading a piece).
@@ -312,7 +306,7 @@ fn launch_decode<C: CacheRead>(
     const MERGE_THREADS: u32 = 128;
     let warps_per_block = MERGE_THREADS as usize / 32;
     let config = grid((rows.div_ceil(warps_per_block) as u32, 1, 1), MERGE_THREADS);
-    unsafe { gpu.launch_programmatic(MERGE, &f, config, &mut args) }?;
+    unsafe { gpu.launch_args(MERGE, &f, config, &mut args, true) }?;
     Ok(())
     // END SOLUTION
 }

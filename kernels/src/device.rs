@@ -314,22 +314,24 @@ impl Gpu {
         Ok(n)
     }
 
-    /// Launches `f` on the stream as a programmatic dependent launch (Hopper and later): its
-    /// blocks may start before the kernel queued before it has finished (once that kernel runs
-    /// `griddepcontrol.launch_dependents`, or as its blocks end), and must wait for it with
-    /// `griddepcontrol.wait` before reading what it wrote. Later work on the stream waits only
-    /// for this kernel, so a thread of it must reach that wait before it ends. Before Hopper, a
-    /// plain launch. `args` point at each argument's value, in the kernel's order; `name` is for
-    /// errors.
+    /// Launches `f` on the stream with its arguments given as `args`, pointers to each
+    /// argument's value in the kernel's order; `name` is for errors. Where `dependent`, as a
+    /// programmatic dependent launch (Hopper and later): its blocks may start before the kernel
+    /// queued before it has finished (once that kernel runs `griddepcontrol.launch_dependents`,
+    /// or as its blocks end), and must wait for it with `griddepcontrol.wait` before reading
+    /// what it wrote or writing what it reads. Later work on the stream waits only for this
+    /// kernel, so a thread of it must reach that wait before it ends. Before Hopper, or not
+    /// `dependent`, a plain launch.
     ///
     /// # Safety
     /// As for any launch: the arguments must match the kernel's parameters.
-    pub(crate) unsafe fn launch_programmatic(
+    pub(crate) unsafe fn launch_args(
         &self,
         name: &str,
         f: &CudaFunction,
         config: cudarc::driver::LaunchConfig,
         args: &mut [*mut std::ffi::c_void],
+        dependent: bool,
     ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread().during("binding the context")?;
@@ -342,7 +344,7 @@ impl Gpu {
         // Kernels are compiled for the device's own architecture (`Compiler::options`), so on
         // compute capability 9 and later the kernel holds its `griddepcontrol.wait`; an earlier
         // architecture's binary run here would not wait, and must not be launched this way.
-        let hopper = self.arch.major >= 9;
+        let programmatic = dependent && self.arch.major >= 9;
         let launch = sys::CUlaunchConfig {
             gridDimX: config.grid_dim.0,
             gridDimY: config.grid_dim.1,
@@ -352,12 +354,12 @@ impl Gpu {
             blockDimZ: config.block_dim.2,
             sharedMemBytes: config.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: if hopper {
+            attrs: if programmatic {
                 &mut attr
             } else {
                 std::ptr::null_mut()
             },
-            numAttrs: hopper as u32,
+            numAttrs: programmatic as u32,
         };
         unsafe {
             sys::cuLaunchKernelEx(

@@ -60,6 +60,14 @@ impl PrefillKernel {
         Self::best_for(gpu, inputs.cache.head_dim, fp8)
     }
 
+    /// Whether a kernel launched after this one as a programmatic dependent may start at once,
+    /// on the multiprocessors this one leaves free (the warp-specialized kernel says so at its
+    /// start; the others let it start only as they end). Cascade's decode rows run beside the
+    /// first level's call this way ([`crate::decode::decode_attention_beside`]).
+    pub fn lets_dependents_start(self) -> bool {
+        self == Self::WgmmaWarpSpecialized
+    }
+
     /// The kernel [`Self::best`] picks over a cache of `head_dim`, FP8 or not.
     pub fn best_for(gpu: &Gpu, head_dim: usize, fp8: bool) -> Self {
         if Self::WgmmaWarpSpecialized.runs_shape(gpu, head_dim, fp8) {

@@ -574,22 +574,24 @@ fn decode_matches_reference_whole_and_in_pieces() {
     }
 }
 
-/// Cascade's own pages: hundreds of sequences of 1 to 80 tokens, whose segments (rounded up to
-/// 32 slots) average less than `MIN_RANGE`: a range then holds one or two segments, often a
-/// piece of each.
+/// Cascade's own pages: 64 sequences of 1 to 80 tokens, so few slots that every range is
+/// `MIN_RANGE` long: a range holds one or two segments (rounded up to 32 slots), often a piece
+/// of each.
 #[test]
 fn decode_many_short_sequences_spread_over_the_wave() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(24);
     let (d, hq, hkv, ps) = (128, 16, 8, 16);
-    let lens: Vec<usize> = (0..300).map(|i| 1 + (i * 37) % 80).collect();
+    let lens: Vec<usize> = (0..64).map(|i| 1 + (i * 37) % 80).collect();
     let segs: Vec<(&[usize], usize)> = lens.iter().map(|l| (std::slice::from_ref(l), 1)).collect();
     let pages: usize = lens.iter().map(|n| n.div_ceil(ps)).sum();
     let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
-    let slots: usize = lens.iter().map(|n| n.div_ceil(32) * 32).sum();
+    // One segment a sequence and group of two q heads (a block's).
+    let slots: usize = lens.iter().map(|n| n.div_ceil(32) * 32).sum::<usize>() * hq / 2;
+    let blocks = kernels::decode::blocks(&gpu, d, hq / hkv).unwrap();
     assert!(
-        slots / lens.len() < MIN_RANGE,
-        "segments should average fewer slots than MIN_RANGE"
+        slots.div_ceil(blocks) <= MIN_RANGE,
+        "{slots} slots on {blocks} blocks should make ranges of MIN_RANGE"
     );
     let dev = upload(&gpu, &p);
     let (want, want_lse) = p.reference(&p.seqs, true);
@@ -676,19 +678,21 @@ fn decode_one_long_sequence_in_many_pieces() {
 }
 
 /// Cascade: the shared prefix is attended once for all queries (no mask), each sequence's own
-/// pages separately (causal), and merge_state gives flat attention back.
+/// pages separately (causal), and merge_state gives flat attention back. The last case decodes
+/// beside a prefix pass long enough to outlast the decode (on Hopper, at head_dim 128).
 #[test]
 fn cascade_partials_merged_equal_flat_attention() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(23);
     let cases = [
-        (128, 4, 2, 16, [5, 33, 1]),
-        (64, 8, 2, 256, [1, 1, 1]),
-        (128, 16, 8, 16, [1, 1, 1]),
+        (128, 4, 2, 16, 50usize, [5, 33, 1]),
+        (64, 8, 2, 256, 50, [1, 1, 1]),
+        (128, 16, 8, 16, 6000, [1, 1, 1]),
     ];
-    for (d, hq, hkv, ps, q_lens) in cases {
-        let mut cache = Cache::new(shape(d, hkv, ps, 40), &mut rng);
-        let prefix = cache.segment(50, &mut rng); // ends in a partial page
+    for (d, hq, hkv, ps, prefix_len, q_lens) in cases {
+        let pages = prefix_len.div_ceil(ps) + 10;
+        let mut cache = Cache::new(shape(d, hkv, ps, pages), &mut rng);
+        let prefix = cache.segment(prefix_len, &mut rng); // ends in a partial page
         let own: Vec<SeqKv> = [20, 40, 7]
             .iter()
             .map(|&n| cache.segment(n, &mut rng))
@@ -738,21 +742,22 @@ fn cascade_partials_merged_equal_flat_attention() {
         };
         let mut o_a = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
         let mut lse_a = gpu.upload(&poison_f32(total * hq)).unwrap();
+        // Level 2's buffers, uploaded before level 1's call so that its decode follows that call.
+        let table_b = p.table(&own).upload(&gpu).unwrap();
+        let mut o_b = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
+        let mut lse_b = gpu.upload(&poison_f32(total * hq)).unwrap();
+        let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
         prefill_attention(&gpu, &inputs, &queries, false, &mut o_a, Some(&mut lse_a)).unwrap();
 
         // Level 2: each sequence over its own pages, causal (decode when every q_len is 1).
-        let table_b = p.table(&own).upload(&gpu).unwrap();
         let inputs_b = AttentionInputs {
             table: table_b.view(),
             ..inputs
         };
-        let mut o_b = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
-        let mut lse_b = gpu.upload(&poison_f32(total * hq)).unwrap();
         if q_lens.iter().all(|&n| n == 1) {
-            // Beside level 1's pass, as the CUDA runner launches it (on Hopper at head_dim 128
-            // the warp-specialized kernel lets it start at once); merge_state below reads
-            // level 1's poisoned buffers if the decode ended before that pass.
-            let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
+            // Beside level 1's call, as the CUDA runner launches it (on Hopper at head_dim 128
+            // the warp-specialized kernel lets it start at once): merge_state below reads
+            // level 1's still poisoned output if the decode ends before that call.
             decode_attention_beside(&gpu, &inputs_b, &mut ws, &mut o_b, Some(&mut lse_b)).unwrap();
         } else {
             let qb_indptr = gpu.upload(&p.q_indptr()).unwrap();

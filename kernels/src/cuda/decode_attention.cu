@@ -36,7 +36,8 @@
 // the decode kernel's last blocks run, read the segment layout, and wait at griddepcontrol.wait
 // for the pieces. That hides part of the second launch (0.7-2.1 us of the 4.3-5.8 the merge
 // cost on an H100; merging inside the decode kernel instead, the last block to write a piece
-// merging its segment, was slower).
+// merging its segment, was slower). The decode kernel itself may be launched the same way,
+// beside a kernel whose memory it does not touch (end_after_previous_kernel below).
 
 #define DECODE_WARPS 4
 #define DECODE_UNROLL 4
@@ -96,10 +97,11 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 }
 
 // A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
-// pages while the shared prefix's pass runs) starts once that kernel lets it and reads nothing
-// it writes. The kernels after the decode on the stream wait only for the decode (and its
-// merge, which waits for it), so block 0 waits for the kernel before before it ends: the
-// decode then ends after that kernel. Launched as usual, the wait returns at once.
+// pages while the shared prefix's pass runs) starts once that kernel lets it, and touches no
+// memory that kernel reads or writes. The kernels after the decode on the stream wait only for
+// the decode (and its merge, which waits for it), so block 0 waits for the earlier kernel
+// before it ends: the decode then ends after that kernel. Launched as usual, the wait returns
+// at once.
 __device__ __forceinline__ void end_after_previous_kernel() {
     if (blockIdx.x == 0) wait_for_previous_kernel();
 }

@@ -633,8 +633,8 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     if (((0u - shared_address(raw_smem)) & 1023u) > WS_ALIGN_SLACK) __trap();
     // A kernel launched after this one as its programmatic dependent may start now, on the
     // multiprocessors this grid leaves free: cascade's decode of the requests' own pages beside
-    // the shared prefix's pass, whose 64-256 items fill half the GPU or less at 64 requests. A
-    // dependent that reads this kernel's output waits for it (griddepcontrol.wait); a kernel
+    // the shared prefix's pass (at 64 requests in 8 parts, 64 items: half the GPU). A dependent
+    // that touches this kernel's memory waits for it first (griddepcontrol.wait); a kernel
     // launched as usual waits for it whatever this says.
     asm volatile("griddepcontrol.launch_dependents;");
     auto& s = aligned_shared<WsShared>(raw_smem);

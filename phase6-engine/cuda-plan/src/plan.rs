@@ -237,14 +237,14 @@ impl StepPlan {
             }
         }
         let rows_of = |i: usize| first_row[i]..first_row[i] + batch.seqs[i].tokens.len();
-        let beside = !decode.is_empty();
+        let decode_rows = !decode.is_empty();
         plan.levels = split::levels(
             unmasked,
             rows_of,
             &limits.split,
             ps,
             limits.max_tokens,
-            beside,
+            decode_rows,
         );
 
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -343,6 +343,7 @@ mod tests {
             q_per_kv: 2,
             kv_heads: 8,
             min_tokens: 1024,
+            decode_beside: false,
         },
     };
 
@@ -534,6 +535,45 @@ mod tests {
         assert_eq!(plan.levels[1].rows, vec![0, 1]);
         assert_eq!(plan.decode.page_ids, vec![5, 6, 7]);
         assert!(!plan.is_flat_decode());
+    }
+
+    /// Where the decode rows run beside the first level, that level is cut for half the wave
+    /// (its pieces are short); the second level, after the decode, still fills the wave.
+    #[test]
+    fn only_the_level_beside_the_decode_rows_is_cut_for_half_the_wave() {
+        let system = BlockTable::from_pages((0..8).collect(), 128);
+        let doc = BlockTable::from_pages((8..16).collect(), 128);
+        let own = |p: u32| BlockTable::from_pages(vec![p], 1);
+        let batch = ForwardBatch {
+            seqs: vec![
+                seq(0, 1, vec![system.clone(), doc.clone(), own(20)], true),
+                seq(1, 1, vec![system.clone(), doc.clone(), own(21)], true),
+                seq(2, 1, vec![system.clone(), own(22)], true),
+            ],
+        };
+        // 8 blocks a piece (one 64-row block a KV head); a wave of 32 blocks: 4 pieces of 32
+        // tokens, half the wave 2.
+        let split = |decode_beside| Limits {
+            split: KvSplit {
+                blocks_at_once: 32,
+                min_tokens: 16,
+                decode_beside,
+                ..LIMITS.split
+            },
+            ..LIMITS
+        };
+        let pieces = |plan: StepPlan| plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>();
+        assert_eq!(pieces(plan_of(&batch, &split(true)).unwrap()), vec![2, 4]);
+        assert_eq!(pieces(plan_of(&batch, &split(false)).unwrap()), vec![4, 4]);
+        // Without decode rows nothing runs beside: a prefill of two tokens sharing the system.
+        let own2 = |p: u32| BlockTable::from_pages(vec![p], 2);
+        let prefill = ForwardBatch {
+            seqs: vec![
+                seq(0, 2, vec![system.clone(), own2(20)], true),
+                seq(1, 2, vec![system, own2(21)], true),
+            ],
+        };
+        assert_eq!(pieces(plan_of(&prefill, &split(true)).unwrap()), vec![4]);
     }
 
     #[test]

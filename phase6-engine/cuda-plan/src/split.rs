@@ -35,6 +35,10 @@ pub struct KvSplit {
     /// No piece shorter than this many tokens: a piece's blocks pay for loading their queries,
     /// writing a partial result and its share of the merges.
     pub min_tokens: usize,
+    /// Whether a step's decode rows run beside its first level's call: the prefill kernel lets
+    /// a kernel launched after it start at once
+    /// (`kernels::prefill::PrefillKernel::lets_dependents_start`).
+    pub decode_beside: bool,
 }
 
 impl KvSplit {
@@ -58,13 +62,14 @@ impl KvSplit {
         floor_power_of_two(wanted)
     }
 
-    /// [`Self::pieces`] for the level that the step's decode rows are attended beside (the
-    /// CUDA runner starts their decode while the level's call runs, on the multiprocessors it
-    /// leaves free): where filling the wave would cut pieces shorter than
-    /// [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the decode. On an
-    /// H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k shared tokens)
-    /// this is the fastest count on 11 of the 12 cases and 8% from it on the twelfth (256 x 8k:
-    /// 4 parts, where 2 are faster); filling the wave was 6-21% slower on five of them.
+    /// [`Self::pieces`] for the level that the step's decode rows are attended beside (where
+    /// [`Self::decode_beside`], the CUDA runner starts their decode while the level's call
+    /// runs, on the multiprocessors it leaves free): where filling the wave would cut pieces
+    /// shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the
+    /// decode. On an H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k
+    /// shared tokens) this was the fastest count on 11 of the 12 cases and 8% from it on the
+    /// twelfth (256 x 8k: 4 parts, where 2 are faster); filling the wave was 6-21% slower on
+    /// six of them.
     pub fn pieces_beside(&self, queries: usize, tokens: usize) -> usize {
         let whole_wave = self.pieces(queries, tokens);
         if whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS {
@@ -122,16 +127,16 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 /// Puts each unmasked part on the first level that holds none of its sequences (a level's
 /// rows must be distinct to be merged back in place), and cuts the parts of a level into as
 /// many pieces as its most demanding part wants, as far as `max_rows` gathered rows allow; the
-/// first level for the step's decode rows beside it where `decode_beside`. Piece `p` of part
-/// `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of
-/// batch sequence `i`.
+/// first level for the step's decode rows beside it where the step has some (`decode_rows`)
+/// and the split runs them so. Piece `p` of part `g` is sequence `p * parts + g` of the level's
+/// call; `rows_of(i)` are the step's rows of batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,
     split: &KvSplit,
     page_size: usize,
     max_rows: usize,
-    decode_beside: bool,
+    decode_rows: bool,
 ) -> Vec<Level> {
     let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
     for part in parts {
@@ -154,12 +159,15 @@ pub(crate) fn levels(
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
-            let beside = decode_beside && level == 0;
+            let beside = split.decode_beside && decode_rows && level == 0;
             let wanted = parts
                 .iter()
-                .map(|p| match beside {
-                    true => split.pieces_beside(p.queries, p.tokens()),
-                    false => split.pieces(p.queries, p.tokens()),
+                .map(|p| {
+                    if beside {
+                        split.pieces_beside(p.queries, p.tokens())
+                    } else {
+                        split.pieces(p.queries, p.tokens())
+                    }
                 })
                 .max()
                 .unwrap_or(1);
@@ -193,6 +201,7 @@ mod tests {
         q_per_kv: 2,
         kv_heads: 8,
         min_tokens: 256,
+        decode_beside: false,
     };
 
     #[test]
@@ -237,6 +246,7 @@ mod tests {
             block_rows: 128,
             blocks_at_once: 132,
             min_tokens: 384,
+            decode_beside: true,
             ..SPLIT
         };
         let want = [

@@ -234,8 +234,8 @@ impl CudaRunner {
         let mut kv =
             KvCache::new(&gpu, dims.layers, shape, options.kv_cache_dtype).map_err(device_error)?;
         let fp8 = options.kv_cache_dtype == KvDtype::Fp8E4m3;
-        let (block_rows, blocks_at_once) =
-            PrefillKernel::best_for(&gpu, dims.head_dim, fp8).wave(&gpu);
+        let prefill_kernel = PrefillKernel::best_for(&gpu, dims.head_dim, fp8);
+        let (block_rows, blocks_at_once) = prefill_kernel.wave(&gpu);
         let limits = Limits {
             page_size: options.page_size,
             num_pages: shape.num_pages,
@@ -249,6 +249,7 @@ impl CudaRunner {
                 q_per_kv: hq / hkv.max(1),
                 kv_heads: hkv,
                 min_tokens: options.split_kv_min_tokens.max(options.page_size),
+                decode_beside: prefill_kernel.lets_dependents_start(),
             },
         };
 

@@ -353,6 +353,7 @@ mod tests {
                 q_per_kv: 2,
                 kv_heads: 8,
                 min_tokens: 1024,
+                decode_beside: false,
             },
         };
         StepPlan::new(&ForwardBatch { seqs }, &[], &limits).unwrap()

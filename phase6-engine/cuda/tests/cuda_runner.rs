@@ -408,8 +408,8 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
     // The plans the runners make, on the `mma.sync` kernel (head_dim 64): as many pieces as
     // two blocks a multiprocessor, up to 32.
     let device = kernels::Gpu::open(0).unwrap();
-    let (block_rows, blocks_at_once) =
-        PrefillKernel::best_for(&device, config.head_dim, false).wave(&device);
+    let kernel = PrefillKernel::best_for(&device, config.head_dim, false);
+    let (block_rows, blocks_at_once) = kernel.wave(&device);
     let num_sms = device.num_sms();
     let fine_pieces = 1 << (usize::BITS - 1 - num_sms.min(32).leading_zeros());
     let pieces = |min_tokens: usize| {
@@ -426,6 +426,7 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
                 q_per_kv: config.num_heads / config.num_kv_heads,
                 kv_heads: config.num_kv_heads,
                 min_tokens,
+                decode_beside: kernel.lets_dependents_start(),
             },
         };
         let plan = StepPlan::new(&batch, &[], &limits).unwrap();
