@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, DevicePtrMut};
 use half::bf16;
 
 use crate::check;
-use crate::device::{Gpu, grid};
+use crate::device::{Gpu, arg, grid};
 use crate::error::{DriverContext, Result};
 use crate::paged::{AttentionInputs, CacheRead};
 use crate::source::Source;
@@ -272,10 +272,6 @@ fn launch_decode<C: CacheRead>(
     let min_range = MIN_RANGE as i32;
     let mut config = grid((blocks as u32, 1, 1), kernel.threads());
     config.shared_mem_bytes = shared as u32;
-    // A kernel argument for a raw launch: the address of its value.
-    fn arg<T>(value: &T) -> *mut std::ffi::c_void {
-        value as *const T as *mut std::ffi::c_void
-    }
     let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
     args.extend([
         arg(&inputs.sm_scale),

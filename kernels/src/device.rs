@@ -315,7 +315,7 @@ impl Gpu {
     }
 
     /// Launches `f` on the stream with its arguments given as `args`, pointers to each
-    /// argument's value in the kernel's order; `name` is for errors. Where `dependent`, as a
+    /// argument's value in the kernel's order ([`arg`]); `name` is for errors. Where `dependent`, as a
     /// programmatic dependent launch (Hopper and later): its blocks may start before the kernel
     /// queued before it has finished (once that kernel runs `griddepcontrol.launch_dependents`,
     /// or as its blocks end), and must wait for it with `griddepcontrol.wait` before reading
@@ -424,4 +424,9 @@ pub(crate) fn grid(blocks: (u32, u32, u32), threads: u32) -> cudarc::driver::Lau
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// A kernel argument for [`Gpu::launch_args`]: the address of its value.
+pub(crate) fn arg<T>(value: &T) -> *mut std::ffi::c_void {
+    value as *const T as *mut std::ffi::c_void
 }

@@ -13,7 +13,7 @@ use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::check;
-use crate::device::{Gpu, grid};
+use crate::device::{Gpu, arg, grid};
 use crate::error::{DriverContext, Result};
 use crate::source::Source;
 
@@ -132,14 +132,10 @@ pub fn merge_pieces_into(
         head_dim as i32,
         check::int(K, "pieces", pieces)?,
     ];
-    let mut launch = gpu.stream().launch_builder(&f);
-    for p in &ptrs {
-        launch.arg(p);
-    }
-    for i in &ints {
-        launch.arg(i);
-    }
+    // A programmatic dependent launch: its blocks may start while the kernel before it ends
+    // (they wait for it before touching the states), which hides part of the launch.
+    let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
     let threads = rows * heads * head_dim / 8;
-    unsafe { launch.launch(grid((threads.div_ceil(256) as u32, 1, 1), 256)) }.during(K)?;
-    Ok(())
+    let config = grid((threads.div_ceil(256) as u32, 1, 1), 256);
+    unsafe { gpu.launch_args(K, &f, config, &mut args, true) }
 }

@@ -138,3 +138,19 @@ __device__ __forceinline__ void split_sum_chunk(const float* __restrict__ partia
     }
     chunk_to_float(float_to_chunk(y), y);
 }
+
+// Programmatic dependent launch (sm_90): the kernel after this one on the stream, if launched as
+// a programmatic dependent, may be started now; it still waits, at wait_for_previous_kernel,
+// until this one has finished and its writes are visible. Before Hopper both are no-ops and
+// kernels run one after the other as usual.
+__device__ __forceinline__ void let_next_kernel_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

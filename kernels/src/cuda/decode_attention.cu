@@ -81,20 +81,6 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
     ma = m;
 }
 
-// Programmatic dependent launch (sm_90): the kernel after this one on the stream may be started
-// now; it still waits, at wait_for_previous_kernel, until this one has finished and its writes
-// are visible. Before Hopper both are no-ops and kernels run one after the other as usual.
-__device__ __forceinline__ void let_next_kernel_start() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
 // pages while the shared prefix's pass runs) starts once that kernel lets it, and touches no

@@ -45,7 +45,10 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
 // row, head): it reads every piece's lse and its chunk of every piece's output and keeps the
 // weighted sum in f32, so the result is rounded to bf16 once (a tree of pairwise merges rounds
 // at every level, and takes a launch a level). The threads of a row are one warp's neighbours:
-// all of them read the row's old lse before its first chunk's thread rewrites it.
+// all of them read the row's old lse before its first chunk's thread rewrites it. On Hopper it is
+// a programmatic dependent launch: its blocks may start while the kernel before it ends, read
+// their rows' indices (written before that kernel) and wait for it before touching the states;
+// every thread waits, since later work on the stream waits for this kernel only.
 extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __restrict__ lse,
                                              const bf16* __restrict__ o_parts,
                                              const float* __restrict__ lse_parts,
@@ -57,6 +60,7 @@ extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __rest
     const size_t row = i / chunks;               // (gathered row, head)
     const int c = (int)(i % chunks);
     const u32 token = row < stride ? index[row / heads] : (u32)out_rows;
+    wait_for_previous_kernel();
     const bool live = token < (u32)out_rows;
     const size_t dst = (size_t)token * heads + row % heads;
     const float la = live ? lse[dst] : neg_inf();

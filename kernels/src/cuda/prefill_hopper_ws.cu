@@ -636,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     // the shared prefix's pass (at 64 requests in 8 parts, 64 items: half the GPU). A dependent
     // that touches this kernel's memory waits for it first (griddepcontrol.wait); a kernel
     // launched as usual waits for it whatever this says.
-    asm volatile("griddepcontrol.launch_dependents;");
+    let_next_kernel_start();
     auto& s = aligned_shared<WsShared>(raw_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
