@@ -315,13 +315,13 @@ impl Gpu {
     }
 
     /// Launches `f` on the stream with its arguments given as `args`, pointers to each
-    /// argument's value in the kernel's order ([`arg`]); `name` is for errors. Where `dependent`, as a
-    /// programmatic dependent launch (Hopper and later): its blocks may start before the kernel
-    /// queued before it has finished (once that kernel runs `griddepcontrol.launch_dependents`,
-    /// or as its blocks end), and must wait for it with `griddepcontrol.wait` before reading
-    /// what it wrote or writing what it reads. Later work on the stream waits only for this
-    /// kernel, so a thread of it must reach that wait before it ends. Before Hopper, or not
-    /// `dependent`, a plain launch.
+    /// argument's value in the kernel's order ([`arg`]); `name` is for errors. Where
+    /// `dependent`, as a programmatic dependent launch (Hopper and later): its blocks may start
+    /// before the kernel queued before it has finished (once that kernel runs
+    /// `griddepcontrol.launch_dependents`, or as its blocks end), and must wait for it with
+    /// `griddepcontrol.wait` before reading what it wrote or writing what it reads. Later work
+    /// on the stream waits only for this kernel, so a thread of it must reach that wait before
+    /// it ends. Before Hopper, or not `dependent`, a plain launch.
     ///
     /// # Safety
     /// As for any launch: the arguments must match the kernel's parameters.

@@ -81,7 +81,6 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
     ma = m;
 }
 
-
 // A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
 // pages while the shared prefix's pass runs) starts once that kernel lets it, and touches no
 // memory that kernel reads or writes. The kernels after the decode on the stream wait only for
