@@ -87,7 +87,8 @@ pub fn merge_state(
 /// writes them. Indices must be distinct (an index >= `out_rows` is skipped). Every piece is
 /// weighed at once and the sum kept in f32, one launch whatever the count (a tree of
 /// [`merge_state`] calls took log2(pieces) + 1 launches and rounded to bf16 at each level). An
-/// empty piece (lse `-inf`) weighs nothing.
+/// empty piece (lse `-inf`) weighs nothing. On Hopper it starts while the kernel queued before
+/// it ends and reads `index` before waiting for it: `index` must not be written by that kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn merge_pieces_into(
     gpu: &Gpu,
