@@ -62,17 +62,18 @@ impl KvSplit {
         floor_power_of_two(wanted)
     }
 
-    /// [`Self::pieces`] for the level that the step's decode rows are attended beside (where
-    /// [`Self::decode_beside`], the CUDA runner starts their decode while the level's call
-    /// runs, on the multiprocessors it leaves free): where filling the wave would cut pieces
+    /// [`Self::pieces`] for the level that the step's decode rows are attended beside. Where
+    /// [`Self::decode_beside`] (the CUDA runner starts their decode while the level's call
+    /// runs, on the multiprocessors it leaves free) and filling the wave would cut pieces
     /// shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the
-    /// decode. On an H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k
+    /// decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k
     /// shared tokens) this was the fastest count on 11 of the 12 cases and 8% from it on the
     /// twelfth (256 x 8k: 4 parts, where 2 are faster); filling the wave was 6-21% slower on
     /// six of them.
     pub fn pieces_beside(&self, queries: usize, tokens: usize) -> usize {
         let whole_wave = self.pieces(queries, tokens);
-        if whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS {
+        if !self.decode_beside || whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS
+        {
             return whole_wave;
         }
         let half = KvSplit {
@@ -159,7 +160,7 @@ pub(crate) fn levels(
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
-            let beside = split.decode_beside && decode_rows && level == 0;
+            let beside = decode_rows && level == 0;
             let wanted = parts
                 .iter()
                 .map(|p| {
@@ -268,8 +269,13 @@ mod tests {
         assert_eq!(hopper.pieces(64, 8192), 16);
         assert_eq!(hopper.pieces(128, 4096), 8);
         assert_eq!(hopper.pieces(256, 4096), 4);
-        // Too short to cut stays whole.
+        // Too short to cut stays whole; with no decode beside, the whole wave.
         assert_eq!(hopper.pieces_beside(64, 1000), 1);
+        let alone = KvSplit {
+            decode_beside: false,
+            ..hopper
+        };
+        assert_eq!(alone.pieces_beside(64, 8192), 16);
     }
 
     #[test]
