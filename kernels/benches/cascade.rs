@@ -27,7 +27,7 @@ use kernels::decode::{DecodeWorkspace, decode_attention, decode_attention_beside
 use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
-use kernels::prefill::{PrefillQueries, prefill_attention};
+use kernels::prefill::{PrefillQueries, prefill_attention, prefill_attention_after_gather};
 use kernels::{CudaSlice, Gpu, bf16};
 
 const HQ: usize = 16;
@@ -142,7 +142,8 @@ impl Pieces {
         };
         let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut self.lse;
         let inputs = cache.inputs(&self.q, &self.table);
-        prefill_attention(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out)).unwrap();
+        prefill_attention_after_gather(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out))
+            .unwrap();
     }
 
     /// Folds the pieces into `(o, lse)`.

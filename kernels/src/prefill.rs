@@ -12,12 +12,12 @@
 //! Without the causal mask, writing the log-sum-exp, either kernel is the shared-prefix half of
 //! cascade attention and attends the pieces of split-KV (see [`crate::merge`]).
 
-use cudarc::driver::{CudaView, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, DevicePtrMut, LaunchConfig};
 use half::bf16;
 
 use crate::check;
-use crate::device::{Gpu, grid};
-use crate::error::{DriverContext, Result};
+use crate::device::{Gpu, arg, grid};
+use crate::error::Result;
 use crate::paged::{AttentionInputs, CacheRead};
 use crate::source::Source;
 use crate::tma;
@@ -162,10 +162,44 @@ pub fn prefill_attention<C: CacheRead>(
     prefill_attention_on(gpu, kernel, inputs, queries, causal, out, lse)
 }
 
+/// [`prefill_attention`] launched right after the kernel that writes its queries (split-KV's
+/// and cascade's gather of the rows once per piece): on Hopper the warp-specialized kernel's
+/// blocks start while that kernel ends, read the page table and start their first K/V copies,
+/// and wait for it before reading Q. That kernel must write nothing else this call reads or
+/// writes (the K/V, the page table, `out`, `lse`). Otherwise as [`prefill_attention`].
+pub fn prefill_attention_after_gather<C: CacheRead>(
+    gpu: &Gpu,
+    inputs: &AttentionInputs<'_, C>,
+    queries: &PrefillQueries<'_>,
+    causal: bool,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    let kernel = PrefillKernel::best(gpu, inputs);
+    let early = kernel == PrefillKernel::WgmmaWarpSpecialized;
+    launch_prefill(gpu, kernel, early, inputs, queries, causal, out, lse)
+}
+
 /// [`prefill_attention`] on a chosen kernel; an error if that kernel cannot run `inputs`.
 pub fn prefill_attention_on<C: CacheRead>(
     gpu: &Gpu,
     kernel: PrefillKernel,
+    inputs: &AttentionInputs<'_, C>,
+    queries: &PrefillQueries<'_>,
+    causal: bool,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: Option<&mut dyn DevicePtrMut<f32>>,
+) -> Result<()> {
+    launch_prefill(gpu, kernel, false, inputs, queries, causal, out, lse)
+}
+
+/// The prefill kernel `kernel`, launched as a programmatic dependent of the kernel before it
+/// where `early` (only the warp-specialized kernel waits for it, before its first Q).
+#[allow(clippy::too_many_arguments)]
+fn launch_prefill<C: CacheRead>(
+    gpu: &Gpu,
+    kernel: PrefillKernel,
+    early: bool,
     inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
     causal: bool,
@@ -261,14 +295,8 @@ pub fn prefill_attention_on<C: CacheRead>(
         }
     };
     let causal = causal as i32;
-    let mut launch = gpu.stream().launch_builder(&f);
-    for p in &ptrs {
-        launch.arg(p);
-    }
-    for i in &ints {
-        launch.arg(i);
-    }
-    launch.arg(&inputs.sm_scale).arg(&causal);
+    let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
+    args.extend([arg(&inputs.sm_scale), arg(&causal)]);
     // The warp-specialized kernel copies tiles that pages lay out whole with the TMA, in boxes
     // of 16 rows (the smallest page) and 64 columns. (A cache of no rows has no page to copy;
     // its map describes one row, which is never read.) It copies Q with the TMA too where a
@@ -301,25 +329,27 @@ pub fn prefill_attention_on<C: CacheRead>(
         _ => None,
     };
     if kernel == PrefillKernel::Mma {
-        launch.arg(&k_scale).arg(&v_scale);
+        args.extend([arg(&k_scale), arg(&v_scale)]);
     }
     // The work items' first and third dimensions: sequences and the longest one's query tiles.
     let seqs_arg = check::int(K, "sequences", num_seqs)?;
     if let Some((k_map, v_map, q_map, o_map, (q_tma, o_tma))) = &maps {
-        launch
-            .arg(k_map)
-            .arg(v_map)
-            .arg(q_map)
-            .arg(q_tma)
-            .arg(o_map)
-            .arg(o_tma);
-        launch.arg(&seqs_arg).arg(&tiles);
+        args.extend([
+            arg(k_map),
+            arg(v_map),
+            arg(q_map),
+            arg(q_tma),
+            arg(o_map),
+            arg(o_tma),
+            arg(&seqs_arg),
+            arg(&tiles),
+        ]);
     }
     let config = LaunchConfig {
         shared_mem_bytes: kernel.shared_bytes() as u32,
         ..grid(blocks, kernel.block_threads())
     };
-    unsafe { launch.launch(config) }.during(K)?;
+    unsafe { gpu.launch_args(K, &f, config, &mut args, early) }?;
     Ok(())
     // END SOLUTION
 }

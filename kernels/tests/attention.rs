@@ -8,11 +8,15 @@ use kernels::decode::{
     DecodeKernel, DecodeWorkspace, MIN_RANGE, decode_attention, decode_attention_beside,
     decode_attention_on,
 };
+use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into, merge_state};
 use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
 };
-use kernels::prefill::{PrefillKernel, PrefillQueries, prefill_attention, prefill_attention_on};
+use kernels::prefill::{
+    PrefillKernel, PrefillQueries, prefill_attention, prefill_attention_after_gather,
+    prefill_attention_on,
+};
 use kernels::{CudaSlice, Gpu, bf16};
 use phase6_fp8::e4m3;
 
@@ -918,18 +922,45 @@ fn split_kv_pieces_merged_equal_one_pass() {
             gpu.upload(&poison_f32(n * rows)).unwrap(),
         )
     };
+    // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty. The
+    // pieces' page table and their queries' indptr.
+    let cut = |pieces: usize| {
+        let mut table = HostPageTable::new(ps);
+        for i in 0..pieces {
+            let range = i * entries / pieces..(i + 1) * entries / pieces;
+            table.push_seq(prefix.entries[range].iter().copied());
+        }
+        let indptr: Vec<i32> = (0..=pieces).map(|i| (i * q_len) as i32).collect();
+        (table.upload(&gpu).unwrap(), gpu.upload(&indptr).unwrap())
+    };
+    // The own pages, causal, with the pieces folded in: the split's result.
+    let own_merged = |kernel: PrefillKernel,
+                      parts_o: &CudaSlice<bf16>,
+                      parts_lse: &CudaSlice<f32>,
+                      pieces: usize| {
+        let (mut o, mut lse) = poisoned(1);
+        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse;
+        prefill_attention_on(
+            &gpu,
+            kernel,
+            &own_inputs,
+            &own_queries,
+            true,
+            &mut o,
+            Some(lse_out),
+        )
+        .unwrap();
+        let parts = PartialState {
+            o: parts_o.as_view(),
+            lse: parts_lse.as_view(),
+        };
+        merge_pieces_into(&gpu, &mut o, &mut lse, &parts, pieces, &index, hq, d).unwrap();
+        download(&gpu, &o, &lse)
+    };
     for (kernel, (one_out, _)) in &one_pass {
         for pieces in [1, 3, 4, 32] {
-            // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty.
-            let mut table = HostPageTable::new(ps);
-            for i in 0..pieces {
-                let range = i * entries / pieces..(i + 1) * entries / pieces;
-                table.push_seq(prefix.entries[range].iter().copied());
-            }
-            let table = table.upload(&gpu).unwrap();
+            let (table, indptr) = cut(pieces);
             let q_pieces = gpu.upload(&p.q.repeat(pieces)).unwrap();
-            let indptr: Vec<i32> = (0..=pieces).map(|i| (i * q_len) as i32).collect();
-            let indptr = gpu.upload(&indptr).unwrap();
             let queries = PrefillQueries {
                 indptr: indptr.as_view(),
                 max_len: q_len,
@@ -964,28 +995,34 @@ fn split_kv_pieces_merged_equal_one_pass() {
                     "{kernel:?}: empty piece {i}'s lse"
                 );
             }
-            let (mut o, mut lse) = poisoned(1);
-            let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut lse;
-            prefill_attention_on(
-                &gpu,
-                *kernel,
-                &own_inputs,
-                &own_queries,
-                true,
-                &mut o,
-                Some(lse_out),
-            )
-            .unwrap();
-            let parts = PartialState {
-                o: parts_o.as_view(),
-                lse: parts_lse.as_view(),
-            };
-            merge_pieces_into(&gpu, &mut o, &mut lse, &parts, pieces, &index, hq, d).unwrap();
-            let (out, out_lse) = download(&gpu, &o, &lse);
+            let (out, out_lse) = own_merged(*kernel, &parts_o, &parts_lse, pieces);
             let name = format!("split-KV prefill {kernel:?} in {pieces} pieces");
             assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
             assert_close(&format!("{name} vs one pass"), &out, one_out, BF16_TOL);
         }
+    }
+    // As the CUDA runner launches it: the queries gathered once a piece into a poisoned buffer,
+    // and the pieces' call started while the gather ends (on Hopper its blocks read the page
+    // table and start their first K/V copies first, then wait for the gather before Q).
+    for pieces in [3, 32] {
+        let (table, indptr) = cut(pieces);
+        let queries = PrefillQueries {
+            indptr: indptr.as_view(),
+            max_len: q_len,
+        };
+        let rows_index: Vec<u32> = (0..pieces).flat_map(|_| 0..q_len as u32).collect();
+        let rows_index = gpu.upload(&rows_index).unwrap();
+        let mut q_pieces = gpu.upload(&poison_bf16(pieces * rows * d)).unwrap();
+        gather_rows(&gpu, &dev.q, q_len, &rows_index, &mut q_pieces, hq * d).unwrap();
+        let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_pieces, &table);
+        let (mut parts_o, mut parts_lse) = poisoned(pieces);
+        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut parts_lse;
+        prefill_attention_after_gather(&gpu, &inputs, &queries, false, &mut parts_o, Some(lse_out))
+            .unwrap();
+        let best = PrefillKernel::best(&gpu, &own_inputs);
+        let (out, out_lse) = own_merged(best, &parts_o, &parts_lse, pieces);
+        let name = format!("split-KV prefill after the gather, {pieces} pieces");
+        assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
     }
 }
 

@@ -319,6 +319,10 @@ struct WsProducer {
     // threads, the rows' addresses cost the producer 3 us an item, which the consumers waited
     // through.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
+        // The block's first Q: launched as a programmatic dependent of the gather that writes
+        // it (prefill_attention_after_gather), the block has read its page table and started
+        // its first K and V while the gather ended; launched as usual, this returns at once.
+        if (qs == 0) wait_for_previous_kernel();
         const int qb = qs & 1;
         if (qs >= 2) mbarrier_wait(&s.q_empty[qb], ((qs >> 1) - 1) & 1);
         if (q_tma) {
@@ -366,11 +370,14 @@ struct WsProducer {
                 return;
             }
             copy_tile(s.k[ks], k_map, k_cache, s.tab[ks].row, dense, &s.full_k[ks]);
-            if (j == 0) load_q(b);
+            // The block's first Q waits for the kernel before this one: its first V goes ahead.
+            const bool q_after_v = j == 0 && qs == 0;
+            if (j == 0 && !q_after_v) load_q(b);
             const int vs = vt % 3;
             if (vt >= 3) mbarrier_wait(&s.empty_v[vs], ((vt / 3) & 1) ^ 1);
             copy_tile(s.v[vs], v_map, v_cache, s.tab[ks].row, dense, &s.full_v[vs]);
             ++vt;
+            if (q_after_v) load_q(b);
             if (j + 1 < it.num_tiles) a = load_entry(j + 1);
         }
     }
@@ -397,6 +404,9 @@ struct WsProducer {
             walk(WsItem{b.seq, b.kv_head, b.row0, b.q0, b.q_len, sp.kv_len, num_tiles}, b);
         }
         publish_alone(WsItem{-1, 0, 0, 0, 0, 0, 0});
+        // Later work on the stream waits for this kernel alone: a block that loaded no Q still
+        // ends after the kernel before it.
+        wait_for_previous_kernel();
         // The consumers wait for every copy they read.
         cp_async_drain();
         if (threadIdx.x == 0) {

@@ -684,8 +684,10 @@ fn attend<C: CacheRead>(
             indptr: g.q_indptr.slice(..),
             max_len: g.max_q,
         };
+        // Started while the gather ends: the gather writes only the pieces' queries.
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
-        prefill::prefill_attention(gpu, &inputs, &queries, false, &mut a.part_o, Some(lse))?;
+        let out = &mut a.part_o;
+        prefill::prefill_attention_after_gather(gpu, &inputs, &queries, false, out, Some(lse))?;
         if i == 0 {
             decode_rows(a, true)?;
         }
