@@ -35,15 +35,24 @@
 //   the other's 128 arrive with bar.arrive).
 //
 // Work items. An item is the rows of one query tile of one (sequence, KV head), as one block of
-// prefill_hopper.cu, in the same heaviest-first order (hopper_attention.cuh). The grid is one
-// block an SM; block b starts with item b and then takes the next untaken item from a counter in
-// global memory as its producer finishes the one before. Taken as blocks free up, the items are
-// scheduled as the hardware schedules a grid of blocks (longest first), but a block's fixed
-// costs now overlap its work: the next item's page table, Q and first K and V load while the
-// consumers still compute the item before, and no block waits for another to leave its SM.
-// A block of one item had waited 7-9 us from its start for its first K on an H100 (block
-// timestamps in docs/benchmarks/LOG.md), and a prompt of 512 tokens walks one to four tiles an
-// item.
+// prefill_hopper.cu. The grid is one block an SM; block b starts with item b and then takes the
+// next untaken item from a counter in global memory as its producer finishes the one before.
+// Taken as blocks free up, the items are scheduled as the hardware schedules a grid of blocks,
+// but a block's fixed costs now overlap its work: the next item's page table, Q and first K and
+// V load while the consumers still compute the item before, and no block waits for another to
+// leave its SM. A block of one item had waited 7-9 us from its start for its first K on an H100
+// (block timestamps in docs/benchmarks/LOG.md), and a prompt of 512 tokens walks one to four
+// tiles an item.
+//
+// The order of the items (ws_item): the query tiles of one (sequence, KV head) read the same K/V
+// tiles, so they are taken one after the other, in blocks of WS_RANK_BLOCK ranks, heaviest
+// (last) tile first. The multiprocessors that take a block's tiles at about the same time read
+// each K/V tile from memory once and from L2 after that. In prefill_hopper.cu's order (every
+// sequence's heaviest tile, then every second heaviest, ...) the profiler counted 114 MB read
+// from memory for 16 prompts of 512 tokens on an H100, the K/V read again after the queries and
+// outputs in between had evicted it; in this order 67 MB, and 8% less time (32 x 256: 12-16%).
+// Whole (sequence, KV head) pairs one after the other were 8% slower on 4 x 2,048, whose
+// heaviest tiles (16 K/V tiles each) then start in the last wave.
 //
 // The stages' rings run on across items: counters of K and V stage uses, not tile indices, give
 // each wait its stage and parity. The producer writes each item's description into the K stage
@@ -69,9 +78,10 @@
 #define WS_PRODUCER_THREADS 128
 #define WS_CONSUMER_WARPS 8
 // Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
-// rounded down to a multiple of 8): 128 x 56 + 256 x 216. Neither side spills. The consumers'
-// step fits in 192 without spills; given 232 (the producer 40) the kernel was 0-4% slower.
-#define WS_PRODUCER_REGS 56
+// rounded down to a multiple of 8): 128 x 64 + 256 x 216. Neither side spills (the producer did
+// at 56 once it ordered its items in blocks of ranks). The consumers' step fits in 192 without
+// spills; given 232 (the producer 40) the kernel was 0-4% slower.
+#define WS_PRODUCER_REGS 64
 #define WS_CONSUMER_REGS 216
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
 // for its turn at WS_TURN_BARRIER + c and stores its rows at WS_STORE_BARRIER + c.
@@ -79,6 +89,21 @@
 #define WS_TURN_BARRIER 2
 #define WS_STORE_BARRIER 4
 #define WS_CONSUMER_THREADS 256
+
+// Ranks (query tiles, heaviest first) of one (sequence, KV head) that are taken one after the
+// other; see "The order of the items" above.
+#define WS_RANK_BLOCK 8
+
+// Item `item` of `groups` (sequence, KV head) pairs x `ranks`: its pair (sequence-major) and rank.
+// The ranks come in blocks of WS_RANK_BLOCK (the last may be shorter); within a block, every
+// pair's ranks one after the other.
+__device__ __forceinline__ int2 ws_item(int item, int groups, int ranks) {
+    const int block = min(ranks, WS_RANK_BLOCK);
+    const int first = min(item / (block * groups), (ranks - 1) / block) * block;  // its block's
+    const int width = min(ranks - first, block);
+    const int in_block = item - first * groups;
+    return make_int2(in_block / width, first + in_block % width);
+}
 
 // A work item as the consumers need it; seq < 0: no more work.
 struct WsItem {
@@ -385,11 +410,11 @@ struct WsProducer {
     // Walks the block's items, then tells the consumers to stop; the last block out resets the
     // counter of items.
     __device__ __forceinline__ void run() {
-        const int total = num_seqs * num_kv_heads * ranks;
+        const int groups = num_seqs * num_kv_heads, total = groups * ranks;
         for (int item = blockIdx.x; item < total; item = take_item()) {
-            const HopperBlock b =
-                hopper_block(q_indptr, num_q_heads, num_kv_heads, item % num_seqs,
-                             (item / num_seqs) % num_kv_heads, item / (num_seqs * num_kv_heads));
+            const int2 at = ws_item(item, groups, ranks);  // (sequence, KV head) and rank
+            const HopperBlock b = hopper_block(q_indptr, num_q_heads, num_kv_heads,
+                                               at.x / num_kv_heads, at.x % num_kv_heads, at.y);
             if (__any_sync(FULL_MASK, b.row0 >= b.rows)) continue;  // a shorter sequence
             // Its meeting's scratch is free again: take_item met twice since the last use.
             const SequencePages sp =
