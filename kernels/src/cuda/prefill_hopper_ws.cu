@@ -44,15 +44,16 @@
 // (block timestamps in docs/benchmarks/LOG.md), and a prompt of 512 tokens walks one to four
 // tiles an item.
 //
-// The order of the items (ws_item): the query tiles of one (sequence, KV head) read the same K/V
-// tiles, so they are taken one after the other, in blocks of WS_RANK_BLOCK ranks, heaviest
-// (last) tile first. The multiprocessors that take a block's tiles at about the same time read
-// each K/V tile from memory once and from L2 after that. In prefill_hopper.cu's order (every
-// sequence's heaviest tile, then every second heaviest, ...) the profiler counted 114 MB read
-// from memory for 16 prompts of 512 tokens on an H100, the K/V read again after the queries and
-// outputs in between had evicted it; in this order 67 MB, and 8% less time (32 x 256: 12-16%).
-// Whole (sequence, KV head) pairs one after the other were 8% slower on 4 x 2,048, whose
-// heaviest tiles (16 K/V tiles each) then start in the last wave.
+// The order of the items (ws_item). The query tiles of one (sequence, KV head) read the same K/V
+// tiles. Where every pair has at most WS_RANK_BLOCK of them (short prompts), a pair's tiles are
+// taken one after the other, heaviest (last) first, and the multiprocessors that take them at
+// about the same time read each K/V tile from memory once and from L2 after that. In
+// prefill_hopper.cu's order (every pair's heaviest tile, then every second heaviest, ...) the
+// profiler counted 114 MB read from memory for 16 prompts of 512 tokens on an H100, the K/V read
+// again after the queries and outputs in between had evicted it; in this order 67 MB, and 8-9%
+// less time (32 x 256: 12-16%). Longer prompts keep prefill_hopper.cu's order, longest first:
+// whole pairs one after the other were 8% slower on 4 x 2,048, whose heaviest tiles (16 K/V
+// tiles each) then start in the last wave, and blocks of 8 ranks 3% slower on 1 x 4,096.
 //
 // The stages' rings run on across items: counters of K and V stage uses, not tile indices, give
 // each wait its stage and parity. The producer writes each item's description into the K stage
@@ -79,8 +80,8 @@
 #define WS_CONSUMER_WARPS 8
 // Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
 // rounded down to a multiple of 8): 128 x 64 + 256 x 216. Neither side spills (the producer did
-// at 56 once it ordered its items in blocks of ranks). The consumers' step fits in 192 without
-// spills; given 232 (the producer 40) the kernel was 0-4% slower.
+// at 56 with an earlier order of its items). The consumers' step fits in 192 without spills;
+// given 232 (the producer 40) the kernel was 0-4% slower.
 #define WS_PRODUCER_REGS 64
 #define WS_CONSUMER_REGS 216
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
@@ -90,19 +91,15 @@
 #define WS_STORE_BARRIER 4
 #define WS_CONSUMER_THREADS 256
 
-// Ranks (query tiles, heaviest first) of one (sequence, KV head) that are taken one after the
-// other; see "The order of the items" above.
+// The most ranks (query tiles, heaviest first) of one (sequence, KV head) that are taken one
+// after the other; see "The order of the items" above.
 #define WS_RANK_BLOCK 8
 
-// Item `item` of `groups` (sequence, KV head) pairs x `ranks`: its pair (sequence-major) and rank.
-// The ranks come in blocks of WS_RANK_BLOCK (the last may be shorter); within a block, every
-// pair's ranks one after the other.
+// Item `item` of `groups` (sequence, KV head) pairs x `ranks`: its pair (sequence-major) and
+// rank. Up to WS_RANK_BLOCK ranks, each pair's ranks one after the other; more, rank-major.
 __device__ __forceinline__ int2 ws_item(int item, int groups, int ranks) {
-    const int block = min(ranks, WS_RANK_BLOCK);
-    const int first = min(item / (block * groups), (ranks - 1) / block) * block;  // its block's
-    const int width = min(ranks - first, block);
-    const int in_block = item - first * groups;
-    return make_int2(in_block / width, first + in_block % width);
+    if (ranks <= WS_RANK_BLOCK) return make_int2(item / ranks, item % ranks);
+    return make_int2(item % groups, item / groups);
 }
 
 // A work item as the consumers need it; seq < 0: no more work.
