@@ -165,8 +165,11 @@ pub fn prefill_attention<C: CacheRead>(
 /// [`prefill_attention`] launched right after the kernel that writes its queries (split-KV's
 /// and cascade's gather of the rows once per piece): on Hopper the warp-specialized kernel's
 /// blocks start while that kernel ends, read the page table and start their first K/V copies,
-/// and wait for it before reading Q. That kernel must write nothing else this call reads or
-/// writes (the K/V, the page table, `out`, `lse`). Otherwise as [`prefill_attention`].
+/// and wait for it before reading Q. That kernel must be launched as usual (after everything
+/// before it has finished, which this call's early reads and writes rely on), must launch (a
+/// gather of no rows does not), and must write nothing else this call reads or writes (the
+/// queries' `indptr`, the page table, the K/V, `out`, `lse`). Otherwise as
+/// [`prefill_attention`].
 pub fn prefill_attention_after_gather<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
@@ -207,6 +210,8 @@ fn launch_prefill<C: CacheRead>(
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
     // BEGIN SOLUTION
+    // Only the warp-specialized kernel waits for the kernel before it.
+    debug_assert!(!early || kernel == PrefillKernel::WgmmaWarpSpecialized);
     let shift = inputs.check(K, gpu)?;
     let (k_scale, v_scale, fp8) = inputs.scales(K)?;
     let (hq, d) = (inputs.num_q_heads, inputs.cache.head_dim);
@@ -286,7 +291,8 @@ fn launch_prefill<C: CacheRead>(
             }
             (seqs, heads, tiles as u32)
         }
-        // The same blocks as work items, in the same order, for one block a multiprocessor.
+        // The same blocks as work items (in the kernel's order, `ws_item`), one block a
+        // multiprocessor.
         PrefillKernel::WgmmaWarpSpecialized => {
             let items = check::int(K, "work items", num_seqs * inputs.cache.num_kv_heads)?
                 .checked_mul(tiles)

@@ -4,7 +4,6 @@
 //! products this way; `cuda/prefill_hopper_ws.cu` does for the tiles its pages lay out whole and
 //! for each work item's Q, and stores its output rows back through a map the same way.
 
-use cudarc::driver::DeviceRepr;
 use cudarc::driver::sys::{
     CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle, cuTensorMapEncodeTiled,
@@ -17,9 +16,6 @@ use crate::error::{DriverContext, Result};
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 pub(crate) struct TensorMap(CUtensorMap);
-
-// SAFETY: a plain 128-byte value that the kernel reads as its parameter.
-unsafe impl DeviceRepr for TensorMap {}
 
 /// The map of bf16 query rows `[tokens][num_q_heads][128]` (the queries, or attention's output)
 /// at device address `ptr`, in boxes of 64 columns of `group` consecutive heads for

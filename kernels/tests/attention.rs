@@ -1013,9 +1013,10 @@ fn split_kv_pieces_merged_equal_one_pass() {
         let rows_index: Vec<u32> = (0..pieces).flat_map(|_| 0..q_len as u32).collect();
         let rows_index = gpu.upload(&rows_index).unwrap();
         let mut q_pieces = gpu.upload(&poison_bf16(pieces * rows * d)).unwrap();
+        let (mut parts_o, mut parts_lse) = poisoned(pieces);
+        // Nothing between the gather and the call: the call starts while the gather ends.
         gather_rows(&gpu, &dev.q, q_len, &rows_index, &mut q_pieces, hq * d).unwrap();
         let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_pieces, &table);
-        let (mut parts_o, mut parts_lse) = poisoned(pieces);
         let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut parts_lse;
         prefill_attention_after_gather(&gpu, &inputs, &queries, false, &mut parts_o, Some(lse_out))
             .unwrap();

@@ -23,7 +23,8 @@ __device__ __forceinline__ T& aligned_shared(unsigned char* raw) {
 }
 
 // Where a block works: (sequence, KV head, rank), the grid's (x, y, z) in prefill_hopper.cu, a
-// work item's in prefill_hopper_ws.cu, which takes them in the same order. The hardware starts
+// work item's in prefill_hopper_ws.cu (which takes them in this order where a call has a prompt
+// of more than 8 query tiles, see ws_item there). The hardware starts
 // blocks x first, then y, then z (what it does, not a documented promise), and the rank counts
 // query tiles from each sequence's last, which has the most causal work: every sequence's and
 // head's last tile starts first, then the tiles before them. With one block an SM, a heavy tile

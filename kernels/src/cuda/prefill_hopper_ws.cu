@@ -45,14 +45,14 @@
 // tiles an item.
 //
 // The order of the items (ws_item). The query tiles of one (sequence, KV head) read the same K/V
-// tiles. Where every pair has at most WS_RANK_BLOCK of them (short prompts), a pair's tiles are
-// taken one after the other, heaviest (last) first, and the multiprocessors that take them at
+// tiles. Where no sequence of the call has more than WS_RANK_BLOCK of them (short prompts), a
+// pair's tiles are taken one after the other, heaviest (last) first, and the multiprocessors that take them at
 // about the same time read each K/V tile from memory once and from L2 after that. In
 // prefill_hopper.cu's order (every pair's heaviest tile, then every second heaviest, ...) the
 // profiler counted 114 MB read from memory for 16 prompts of 512 tokens on an H100, the K/V read
 // again after the queries and outputs in between had evicted it; in this order 67 MB, and 8-9%
-// less time (32 x 256: 12-16%). Longer prompts keep prefill_hopper.cu's order, longest first:
-// whole pairs one after the other were 8% slower on 4 x 2,048, whose heaviest tiles (16 K/V
+// less time (32 x 256: 12-16%). A call with a longer prompt keeps prefill_hopper.cu's order,
+// longest first: whole pairs one after the other were 8% slower on 4 x 2,048, whose heaviest tiles (16 K/V
 // tiles each) then start in the last wave, and blocks of 8 ranks 3% slower on 1 x 4,096.
 //
 // The stages' rings run on across items: counters of K and V stage uses, not tile indices, give
@@ -79,10 +79,9 @@
 #define WS_PRODUCER_THREADS 128
 #define WS_CONSUMER_WARPS 8
 // Registers a thread after the split, within the launch's 384 x 168 (65,536 for 384 threads,
-// rounded down to a multiple of 8): 128 x 64 + 256 x 216. Neither side spills (the producer did
-// at 56 with an earlier order of its items). The consumers' step fits in 192 without spills;
-// given 232 (the producer 40) the kernel was 0-4% slower.
-#define WS_PRODUCER_REGS 64
+// rounded down to a multiple of 8): 128 x 56 + 256 x 216. Neither side spills. The consumers'
+// step fits in 192 without spills; given 232 (the producer 40) the kernel was 0-4% slower.
+#define WS_PRODUCER_REGS 56
 #define WS_CONSUMER_REGS 216
 // The named barriers: the producer's threads meet at 1 (0 is __syncthreads'), consumer c waits
 // for its turn at WS_TURN_BARRIER + c and stores its rows at WS_STORE_BARRIER + c.
@@ -95,11 +94,16 @@
 // after the other; see "The order of the items" above.
 #define WS_RANK_BLOCK 8
 
-// Item `item` of `groups` (sequence, KV head) pairs x `ranks`: its pair (sequence-major) and
-// rank. Up to WS_RANK_BLOCK ranks, each pair's ranks one after the other; more, rank-major.
-__device__ __forceinline__ int2 ws_item(int item, int groups, int ranks) {
-    if (ranks <= WS_RANK_BLOCK) return make_int2(item / ranks, item % ranks);
-    return make_int2(item % groups, item / groups);
+// Item `item` of num_seqs x num_kv_heads x `ranks`: its (sequence, KV head, rank). Up to
+// WS_RANK_BLOCK ranks, each (sequence, KV head)'s ranks one after the other; more, rank-major
+// with the sequences fastest (prefill_hopper.cu's grid order).
+__device__ __forceinline__ int3 ws_item(int item, int num_seqs, int num_kv_heads, int ranks) {
+    if (ranks <= WS_RANK_BLOCK) {
+        const int pair = item / ranks;
+        return make_int3(pair / num_kv_heads, pair % num_kv_heads, item % ranks);
+    }
+    return make_int3(item % num_seqs, (item / num_seqs) % num_kv_heads,
+                     item / (num_seqs * num_kv_heads));
 }
 
 // A work item as the consumers need it; seq < 0: no more work.
@@ -407,11 +411,11 @@ struct WsProducer {
     // Walks the block's items, then tells the consumers to stop; the last block out resets the
     // counter of items.
     __device__ __forceinline__ void run() {
-        const int groups = num_seqs * num_kv_heads, total = groups * ranks;
+        const int total = num_seqs * num_kv_heads * ranks;
         for (int item = blockIdx.x; item < total; item = take_item()) {
-            const int2 at = ws_item(item, groups, ranks);  // (sequence, KV head) and rank
-            const HopperBlock b = hopper_block(q_indptr, num_q_heads, num_kv_heads,
-                                               at.x / num_kv_heads, at.x % num_kv_heads, at.y);
+            const int3 at = ws_item(item, num_seqs, num_kv_heads, ranks);
+            const HopperBlock b =
+                hopper_block(q_indptr, num_q_heads, num_kv_heads, at.x, at.y, at.z);
             if (__any_sync(FULL_MASK, b.row0 >= b.rows)) continue;  // a shorter sequence
             // Its meeting's scratch is free again: take_item met twice since the last use.
             const SequencePages sp =
