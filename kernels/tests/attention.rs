@@ -922,8 +922,9 @@ fn split_kv_pieces_merged_equal_one_pass() {
             gpu.upload(&poison_f32(n * rows)).unwrap(),
         )
     };
-    // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty. The
-    // pieces' page table and their queries' indptr.
+    // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty; 12 are
+    // merged in a full and a partial batch of the merge's loads. The pieces' page table and
+    // their queries' indptr.
     let cut = |pieces: usize| {
         let mut table = HostPageTable::new(ps);
         for i in 0..pieces {
@@ -958,7 +959,7 @@ fn split_kv_pieces_merged_equal_one_pass() {
         download(&gpu, &o, &lse)
     };
     for (kernel, (one_out, _)) in &one_pass {
-        for pieces in [1, 3, 4, 32] {
+        for pieces in [1, 3, 4, 12, 32] {
             let (table, indptr) = cut(pieces);
             let q_pieces = gpu.upload(&p.q.repeat(pieces)).unwrap();
             let queries = PrefillQueries {
