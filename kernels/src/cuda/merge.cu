@@ -64,18 +64,17 @@ __device__ __forceinline__ void fold_state(float& m, float& total, float (&y)[8]
 
 // Cascade with gathered queries, and split-KV: `pieces` partial states computed for gathered rows
 // (gathered row i is token index[i]; piece p's state of row i, head h is at
-// [(p * rows + i) * heads + h]) folded into the main state (o [T, H, D], lse [T, H]) in one
-// pass. Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered
-// row, head): it keeps the weighted sum in f32, so the result is rounded to bf16 once (a tree of
-// pairwise merges rounds at every level, and takes a launch a level). It loads the main state and
-// up to MERGE_BATCH pieces' lse and chunks before folding any in: loaded one piece after the
-// other, each load waiting for the fold before it, 8 pieces had taken 5.7 us on an H100 (the
-// log's "Cascade at small batches"). The
-// threads of a row are one warp's neighbours: all of them read the row's old lse before its
-// first chunk's thread rewrites it. On Hopper it is a programmatic dependent launch: its blocks
-// may start while the kernel before it ends, read their rows' indices (written before that
-// kernel) and wait for it before touching the states; every thread waits, since later work on
-// the stream waits for this kernel only.
+// [(p * rows + i) * heads + h]) folded into the main state (o [T, H, D], lse [T, H]) in one pass.
+// Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered row, head): it keeps the
+// weighted sum in f32, so the result is rounded to bf16 once (a tree of pairwise merges rounds at
+// every level, and takes a launch a level). It loads the main state and up to MERGE_BATCH pieces'
+// lse and chunks before folding any in: loaded one piece after the other, each load waiting for the
+// fold before it, 8 pieces had taken 5.7 us on an H100 (the log's "Cascade at small batches"). The
+// threads of a row are one warp's neighbours: all of them read the row's old lse before its first
+// chunk's thread rewrites it. On Hopper it is a programmatic dependent launch: its blocks may start
+// while the kernel before it ends, read their rows' indices (written before that kernel) and wait
+// for it before touching the states; every thread waits, since later work on the stream waits for
+// this kernel only.
 extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __restrict__ lse,
                                              const bf16* __restrict__ o_parts,
                                              const float* __restrict__ lse_parts,

@@ -46,13 +46,13 @@
 //
 // The order of the items (ws_item). The query tiles of one (sequence, KV head) read the same K/V
 // tiles. Where no sequence of the call has more than WS_RANK_BLOCK of them (short prompts), a
-// pair's tiles are taken one after the other, heaviest (last) first, and the multiprocessors that take them at
-// about the same time read each K/V tile from memory once and from L2 after that. In
+// pair's tiles are taken one after the other, heaviest (last) first, and the multiprocessors that
+// take them at about the same time read each K/V tile from memory once and from L2 after that. In
 // prefill_hopper.cu's order (every pair's heaviest tile, then every second heaviest, ...) the
 // profiler counted 114 MB read from memory for 16 prompts of 512 tokens on an H100, the K/V read
-// again after the queries and outputs in between had evicted it; in this order 67 MB, and 8-9%
-// less time (32 x 256: 12-16%). A call with a longer prompt keeps prefill_hopper.cu's order,
-// longest first: whole pairs one after the other were 8% slower on 4 x 2,048, whose heaviest tiles (16 K/V
+// again after the queries and outputs in between had evicted it; in this order 67 MB, and 8-9% less
+// time (32 x 256: 12-16%). A call with a longer prompt keeps prefill_hopper.cu's order, longest
+// first: whole pairs one after the other were 8% slower on 4 x 2,048, whose heaviest tiles (16 K/V
 // tiles each) then start in the last wave, and blocks of 8 ranks 3% slower on 1 x 4,096.
 //
 // The stages' rings run on across items: counters of K and V stage uses, not tile indices, give
