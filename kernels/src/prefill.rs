@@ -179,8 +179,7 @@ pub fn prefill_attention_after_gather<C: CacheRead>(
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
     let kernel = PrefillKernel::best(gpu, inputs);
-    let early = kernel == PrefillKernel::WgmmaWarpSpecialized;
-    launch_prefill(gpu, kernel, early, inputs, queries, causal, out, lse)
+    launch_prefill(gpu, kernel, true, inputs, queries, causal, out, lse)
 }
 
 /// [`prefill_attention`] on a chosen kernel; an error if that kernel cannot run `inputs`.
@@ -196,13 +195,14 @@ pub fn prefill_attention_on<C: CacheRead>(
     launch_prefill(gpu, kernel, false, inputs, queries, causal, out, lse)
 }
 
-/// The prefill kernel `kernel`, launched as a programmatic dependent of the kernel before it
-/// where `early` (only the warp-specialized kernel waits for it, before its first Q).
+/// The prefill kernel `kernel`; where `after_gather` and it is the warp-specialized kernel (the
+/// one that waits for the kernel before it, before its first Q), as a programmatic dependent of
+/// that kernel ([`prefill_attention_after_gather`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_prefill<C: CacheRead>(
     gpu: &Gpu,
     kernel: PrefillKernel,
-    early: bool,
+    after_gather: bool,
     inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
     causal: bool,
@@ -210,8 +210,6 @@ fn launch_prefill<C: CacheRead>(
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
     // BEGIN SOLUTION
-    // Only the warp-specialized kernel waits for the kernel before it.
-    debug_assert!(!early || kernel == PrefillKernel::WgmmaWarpSpecialized);
     let shift = inputs.check(K, gpu)?;
     let (k_scale, v_scale, fp8) = inputs.scales(K)?;
     let (hq, d) = (inputs.num_q_heads, inputs.cache.head_dim);
@@ -355,7 +353,8 @@ fn launch_prefill<C: CacheRead>(
         shared_mem_bytes: kernel.shared_bytes() as u32,
         ..grid(blocks, kernel.block_threads())
     };
-    unsafe { gpu.launch_args(K, &f, config, &mut args, early) }?;
+    let dependent = after_gather && kernel == PrefillKernel::WgmmaWarpSpecialized;
+    unsafe { gpu.launch_args(K, &f, config, &mut args, dependent) }?;
     Ok(())
     // END SOLUTION
 }

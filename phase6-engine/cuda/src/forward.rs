@@ -643,10 +643,10 @@ fn attend<C: CacheRead>(
     // (which at 64 requests fills half the GPU), since neither reads what the other writes.
     let decode_rows = |a: &mut Activations, beside: bool| -> Result<()> {
         let Some(d) = &s.decode else { return Ok(()) };
-        let n = first;
-        let inputs = attention_inputs(m, shape, layer(), a.q.slice(..n * qw), d.table.page_table());
-        let mut out = a.attn.slice_mut(..n * qw);
-        let mut lse = a.lse.slice_mut(..n * hq);
+        let q = a.q.slice(..first * qw);
+        let inputs = attention_inputs(m, shape, layer(), q, d.table.page_table());
+        let mut out = a.attn.slice_mut(..first * qw);
+        let mut lse = a.lse.slice_mut(..first * hq);
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
         if beside {
             decode::decode_attention_beside(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
