@@ -195,6 +195,7 @@ fn cascade(
     for r in 0..batch {
         own.push_seq(cache.suffix(r));
     }
+    let own_slots = own.slot_indptr();
     let own = own.upload(gpu).unwrap();
     let mut o = gpu.zeros::<bf16>(rows * D).unwrap();
     let mut lse = gpu.zeros::<f32>(rows).unwrap();
@@ -203,7 +204,15 @@ fn cascade(
 
     let mut run = || {
         shared.attend(gpu, cache, q);
-        decode_attention_beside(gpu, &own_inputs, &mut ws, &mut o, Some(&mut lse)).unwrap();
+        decode_attention_beside(
+            gpu,
+            &own_inputs,
+            &mut ws,
+            &mut o,
+            Some(&mut lse),
+            &own_slots,
+        )
+        .unwrap();
         shared.merge_into(gpu, &mut o, &mut lse);
     };
     let secs = time(gpu, &mut run);

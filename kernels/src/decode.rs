@@ -91,6 +91,10 @@ const MAX_HEADS_PER_BLOCK: usize = 8;
 /// the same either way.
 pub const MIN_RANGE: usize = 64;
 
+/// Block ranges are multiples of this many slots (the kernels' `SLOT_ALIGN`), as every
+/// sequence's slots are ([`crate::paged::slot_indptr`]).
+const SLOT_ALIGN: u64 = 32;
+
 /// f32 scratch for the partial results of the blocks that share a sequence: two pieces a
 /// block (the one its range starts with and the one it ends with). Allocated once.
 #[derive(Debug)]
@@ -155,15 +159,23 @@ fn best_kernel<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Resu
 /// pass, which at 64 requests fills half the GPU. The two must not touch the same memory: the
 /// decode may read nothing that kernel writes, and write nothing it reads or writes. Before
 /// Hopper, or after a kernel that lets it start only as it ends, it runs after that kernel.
+///
+/// `slot_indptr` is the host's copy of the table's `slot_indptr`: with it the call launches
+/// the merge of the blocks' pieces only where some sequence's slots are shared by two blocks
+/// (cascade's own pages, a few dozen tokens a request, usually are not), since that launch
+/// stands between the prefix's pass and the merge of its parts. The decision is taken on the
+/// host at the call, so a call recorded into a CUDA graph, replayed over other lengths, must
+/// not come through here.
 pub fn decode_attention_beside<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
     workspace: &mut DecodeWorkspace,
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
+    slot_indptr: &[i32],
 ) -> Result<()> {
     let kernel = best_kernel(gpu, inputs)?;
-    launch_decode(kernel, true, gpu, inputs, workspace, out, lse)
+    launch_decode(kernel, Some(slot_indptr), gpu, inputs, workspace, out, lse)
 }
 
 /// [`decode_attention`] on the kernel given (to compare them).
@@ -175,14 +187,15 @@ pub fn decode_attention_on<C: CacheRead>(
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
-    launch_decode(kernel, false, gpu, inputs, workspace, out, lse)
+    launch_decode(kernel, None, gpu, inputs, workspace, out, lse)
 }
 
-/// The decode kernel on `kernel` and its merge; the kernel started beside the one before it
-/// when `beside` ([`decode_attention_beside`]).
+/// The decode kernel on `kernel` and its merge; with `beside` (the host's `slot_indptr`), the
+/// kernel started beside the one before it and the merge launched only if it has work
+/// ([`decode_attention_beside`]).
 fn launch_decode<C: CacheRead>(
     kernel: DecodeKernel,
-    beside: bool,
+    beside: Option<&[i32]>,
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
     workspace: &mut DecodeWorkspace,
@@ -210,6 +223,9 @@ fn launch_decode<C: CacheRead>(
         return Err(check::invalid(K, "the page table needs its slot_indptr"));
     };
     check::at_least(K, "slot_indptr", slot_indptr.len(), num_seqs + 1)?;
+    if let Some(host) = beside {
+        check_host_slots(host, num_seqs)?;
+    }
     check::at_least(
         K,
         "workspace",
@@ -279,7 +295,12 @@ fn launch_decode<C: CacheRead>(
         arg(&k_scale),
         arg(&v_scale),
     ]);
-    unsafe { gpu.launch_args(K, &f, config, &mut args, beside) }?;
+    unsafe { gpu.launch_args(K, &f, config, &mut args, beside.is_some()) }?;
+    // Beside a cascade level this launch stands between the level's pass and the merge of its
+    // parts, even with nothing to do: 2-4 us at 64 and 128 requests on an H100.
+    if beside.is_some_and(|host| !merge_has_work(host, hq / gh, blocks)) {
+        return Ok(());
+    }
 
     // The rows of sequences that blocks shared, from their pieces; launched so that it may start
     // while the decode kernel's last blocks run (it waits for them before reading a piece).
@@ -305,6 +326,44 @@ fn launch_decode<C: CacheRead>(
     unsafe { gpu.launch_args(MERGE, &f, config, &mut args, true) }?;
     Ok(())
     // END SOLUTION
+}
+
+/// The host's copy of a decode table's `slot_indptr`: `num_seqs + 1` prefix sums from 0.
+fn check_host_slots(host: &[i32], num_seqs: usize) -> Result<()> {
+    if host.len() != num_seqs + 1 || host[0] != 0 || host.windows(2).any(|w| w[1] < w[0]) {
+        return Err(check::invalid(
+            K,
+            format!(
+                "the host's slot_indptr must be {} non-decreasing prefix sums from 0 (got {} \
+                 values)",
+                num_seqs + 1,
+                host.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `decode_merge_pieces` has anything to write after the kernel: a head group's
+/// segment (its sequence's slots, laid end to end once per group) that falls in two blocks'
+/// ranges, or an empty one (whose rows the merge zeroes). The kernels' `block_range`, on the
+/// host.
+fn merge_has_work(slot_indptr: &[i32], groups: usize, blocks: usize) -> bool {
+    let slot = |i: i32| u64::try_from(i).expect("checked: prefix sums from 0");
+    let groups = groups as u64;
+    let all = slot(*slot_indptr.last().unwrap_or(&0));
+    let range = (all * groups)
+        .div_ceil(blocks.max(1) as u64)
+        .max(MIN_RANGE as u64)
+        .next_multiple_of(SLOT_ALIGN);
+    slot_indptr.windows(2).any(|w| {
+        let seg = slot(w[1]) - slot(w[0]);
+        seg == 0
+            || (0..groups).any(|g| {
+                let first = slot(w[0]) * groups + g * seg;
+                first / range != (first + seg - 1) / range
+            })
+    })
 }
 
 /// The blocks a decode call launches at `head_dim` and GQA group size `group` over a bf16
@@ -416,5 +475,33 @@ fn kernel_name(kernel: DecodeKernel, d: usize, gh: usize, fp8: bool) -> &'static
         (DecodeKernel::BulkCopies, _) => BULK[fp8 as usize][col],
         (DecodeKernel::Loads, true) => FP8[row][col],
         (DecodeKernel::Loads, false) => BF16[row][col],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_has_work;
+
+    /// `n` sequences of `slots` slots each.
+    fn line(n: i32, slots: i32) -> Vec<i32> {
+        (0..=n).map(|i| i * slots).collect()
+    }
+
+    #[test]
+    fn the_merge_has_work_only_where_a_segment_is_cut_or_empty() {
+        // Cascade's own pages at 64 requests: 64 slots x 8 head groups over a wave of 660
+        // blocks gives ranges of MIN_RANGE (64), one segment each.
+        assert!(!merge_has_work(&line(64, 64), 8, 660));
+        // A segment of 96 slots after one of 32 crosses a range of 64.
+        assert!(merge_has_work(&[0, 32, 128], 8, 660));
+        // Segments of 96 slots where the ranges are 96 too (64 x 96 x 8 slots over 660 blocks).
+        assert!(!merge_has_work(&line(64, 96), 8, 660));
+        // 100 blocks: ranges of 352 slots, which cut some segments of 64.
+        assert!(merge_has_work(&line(64, 64), 8, 100));
+        // A sequence with no slots: the merge writes its zero rows.
+        assert!(merge_has_work(&[0, 64, 64, 128], 8, 660));
+        // One sequence of two segments, a block each, or two blocks each.
+        assert!(!merge_has_work(&line(1, 1024), 2, 2));
+        assert!(merge_has_work(&line(1, 1024), 2, 4));
     }
 }

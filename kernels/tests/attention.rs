@@ -682,22 +682,26 @@ fn decode_one_long_sequence_in_many_pieces() {
 }
 
 /// Cascade: the shared prefix is attended once for all queries (no mask), each sequence's own
-/// pages separately (causal), and merge_state gives flat attention back. The last case decodes
-/// beside a prefix pass long enough to outlast the decode (on Hopper, at head_dim 128).
+/// pages separately (causal), and merge_state gives flat attention back. The decode runs beside
+/// level 1's call; the last case's pass is long enough to outlast it (on Hopper, at head_dim
+/// 128), and its rows go out with no merge after the decode kernel.
 #[test]
 fn cascade_partials_merged_equal_flat_attention() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(23);
+    // The requests' own tokens: 100 gives a request 128 slots, which the decode's blocks share
+    // (ranges of 64), so the merge after the decode kernel runs; with 40 no request's slots are
+    // shared, and the call beside the pass leaves that merge out.
     let cases = [
-        (128, 4, 2, 16, 50usize, [5, 33, 1]),
-        (64, 8, 2, 256, 50, [1, 1, 1]),
-        (128, 16, 8, 16, 6000, [1, 1, 1]),
+        (128, 4, 2, 16, 50usize, [5, 33, 1], [20, 40, 7]),
+        (64, 8, 2, 256, 50, [1, 1, 1], [20, 100, 7]),
+        (128, 16, 8, 16, 6000, [1, 1, 1], [20, 40, 7]),
     ];
-    for (d, hq, hkv, ps, prefix_len, q_lens) in cases {
+    for (d, hq, hkv, ps, prefix_len, q_lens, own_lens) in cases {
         let pages = prefix_len.div_ceil(ps) + 10;
         let mut cache = Cache::new(shape(d, hkv, ps, pages), &mut rng);
         let prefix = cache.segment(prefix_len, &mut rng); // ends in a partial page
-        let own: Vec<SeqKv> = [20, 40, 7]
+        let own: Vec<SeqKv> = own_lens
             .iter()
             .map(|&n| cache.segment(n, &mut rng))
             .collect();
@@ -747,7 +751,8 @@ fn cascade_partials_merged_equal_flat_attention() {
         let mut o_a = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
         let mut lse_a = gpu.upload(&poison_f32(total * hq)).unwrap();
         // Level 2's buffers, uploaded before level 1's call so that its decode follows that call.
-        let table_b = p.table(&own).upload(&gpu).unwrap();
+        let host_b = p.table(&own);
+        let table_b = host_b.upload(&gpu).unwrap();
         let mut o_b = gpu.upload(&poison_bf16(total * hq * d)).unwrap();
         let mut lse_b = gpu.upload(&poison_f32(total * hq)).unwrap();
         let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
@@ -762,7 +767,9 @@ fn cascade_partials_merged_equal_flat_attention() {
             // Beside level 1's call, as the CUDA runner launches it (on Hopper at head_dim 128
             // the warp-specialized kernel lets it start at once): merge_state below reads
             // level 1's still poisoned output if the decode ends before that call.
-            decode_attention_beside(&gpu, &inputs_b, &mut ws, &mut o_b, Some(&mut lse_b)).unwrap();
+            let slots = host_b.slot_indptr();
+            decode_attention_beside(&gpu, &inputs_b, &mut ws, &mut o_b, Some(&mut lse_b), &slots)
+                .unwrap();
         } else {
             let qb_indptr = gpu.upload(&p.q_indptr()).unwrap();
             let queries_b = PrefillQueries {

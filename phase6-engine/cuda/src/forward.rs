@@ -131,6 +131,9 @@ impl<'a> TableViews<'a> {
 /// One-token sequences, rows `0..num_seqs`, through the decode kernel.
 pub(crate) struct DecodePart<'a> {
     pub table: TableViews<'a>,
+    /// The host's copy of the table's `slot_indptr`: beside a cascade level (a step that runs
+    /// eagerly, never from a graph) the decode launches its merge only if it has work.
+    pub slot_indptr: Vec<i32>,
 }
 
 /// Query rows against paged KV through the prefill kernel.
@@ -649,7 +652,8 @@ fn attend<C: CacheRead>(
         let mut lse = a.lse.slice_mut(..first * hq);
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
         if beside {
-            decode::decode_attention_beside(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
+            let (ws, slots) = (&mut a.decode_ws, &d.slot_indptr);
+            decode::decode_attention_beside(gpu, &inputs, ws, &mut out, lse, slots)
         } else {
             decode::decode_attention(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
         }

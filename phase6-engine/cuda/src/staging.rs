@@ -278,6 +278,10 @@ impl Staging {
             sample_rows: self.words(layout.sample_rows),
             decode: (num_decode > 0).then(|| DecodePart {
                 table: table(&layout.decode),
+                slot_indptr: layout.decode.slot_indptr.map_or_else(Vec::new, |r| {
+                    let words = &self.words[r.offset..r.offset + r.len];
+                    words.iter().map(|&w| w as i32).collect()
+                }),
             }),
             prefill: (num_prefill > 0).then(|| prefill(&layout.prefill)),
             levels: layout
