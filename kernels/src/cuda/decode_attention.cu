@@ -37,7 +37,10 @@
 // for the pieces. That hides part of the second launch (0.7-2.1 us of the 4.3-5.8 the merge
 // cost on an H100; merging inside the decode kernel instead, the last block to write a piece
 // merging its segment, was slower). The decode kernel itself may be launched the same way,
-// beside a kernel whose memory it does not touch (end_after_previous_kernel below).
+// beside a kernel whose memory it does not touch (end_after_previous_kernel below); launched
+// so, with the host's copy of the segment layout, it is followed by the merge only where some
+// segment is cut or empty (cascade's own pages, whose merge would otherwise stand empty between
+// the shared prefix's pass and the merge of its parts).
 
 #define DECODE_WARPS 4
 #define DECODE_UNROLL 4
