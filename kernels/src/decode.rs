@@ -14,7 +14,7 @@ use half::bf16;
 use crate::check;
 use crate::device::{Gpu, arg, grid};
 use crate::error::{DriverContext, Result};
-use crate::paged::{AttentionInputs, CacheRead};
+use crate::paged::{AttentionInputs, CacheRead, SLOT_ALIGN};
 use crate::source::Source;
 
 const K: &str = "decode_attention";
@@ -90,10 +90,6 @@ const MAX_HEADS_PER_BLOCK: usize = 8;
 /// tokens took 17 us against 10. Batches of more KV than a wave of 256-slot ranges are cut
 /// the same either way.
 pub const MIN_RANGE: usize = 64;
-
-/// Block ranges are multiples of this many slots (the kernels' `SLOT_ALIGN`), as every
-/// sequence's slots are ([`crate::paged::slot_indptr`]).
-const SLOT_ALIGN: u64 = 32;
 
 /// f32 scratch for the partial results of the blocks that share a sequence: two pieces a
 /// block (the one its range starts with and the one it ends with). Allocated once.
@@ -297,7 +293,7 @@ fn launch_decode<C: CacheRead>(
     ]);
     unsafe { gpu.launch_args(K, &f, config, &mut args, beside.is_some()) }?;
     // Beside a cascade level this launch stands between the level's pass and the merge of its
-    // parts, even with nothing to do: 2-4 us at 64 and 128 requests on an H100.
+    // parts, even with nothing to do: 2-5 us at 64 and 128 requests on an H100.
     if beside.is_some_and(|host| !merge_has_work(host, hq / gh, blocks)) {
         return Ok(());
     }
@@ -330,40 +326,44 @@ fn launch_decode<C: CacheRead>(
 
 /// The host's copy of a decode table's `slot_indptr`: `num_seqs + 1` prefix sums from 0.
 fn check_host_slots(host: &[i32], num_seqs: usize) -> Result<()> {
-    if host.len() != num_seqs + 1 || host[0] != 0 || host.windows(2).any(|w| w[1] < w[0]) {
-        return Err(check::invalid(
-            K,
-            format!(
-                "the host's slot_indptr must be {} non-decreasing prefix sums from 0 (got {} \
-                 values)",
-                num_seqs + 1,
-                host.len()
-            ),
-        ));
-    }
-    Ok(())
+    let problem = if host.len() != num_seqs + 1 {
+        format!("has {} values for {num_seqs} sequences", host.len())
+    } else if host[0] != 0 {
+        format!("starts at {}, not 0", host[0])
+    } else if let Some(i) = host.windows(2).position(|w| w[1] < w[0]) {
+        format!("decreases after sequence {i}")
+    } else {
+        return Ok(());
+    };
+    Err(check::invalid(
+        K,
+        format!("the host's slot_indptr {problem}: it must be the table's prefix sums"),
+    ))
 }
 
 /// Whether `decode_merge_pieces` has anything to write after the kernel: a head group's
 /// segment (its sequence's slots, laid end to end once per group) that falls in two blocks'
-/// ranges, or an empty one (whose rows the merge zeroes). The kernels' `block_range`, on the
-/// host.
+/// ranges, or an empty one (whose rows the merge zeroes). The kernel's `block_range` and the
+/// merge's test, on the host: they must stay the same. Walked with the position inside the
+/// current range, no division a segment, as it runs for every layer of a cascade step.
 fn merge_has_work(slot_indptr: &[i32], groups: usize, blocks: usize) -> bool {
     let slot = |i: i32| u64::try_from(i).expect("checked: prefix sums from 0");
-    let groups = groups as u64;
     let all = slot(*slot_indptr.last().unwrap_or(&0));
-    let range = (all * groups)
+    let range = (all * groups as u64)
         .div_ceil(blocks.max(1) as u64)
         .max(MIN_RANGE as u64)
-        .next_multiple_of(SLOT_ALIGN);
-    slot_indptr.windows(2).any(|w| {
+        .next_multiple_of(SLOT_ALIGN as u64);
+    let mut at = 0; // where the next segment starts, inside its range
+    for w in slot_indptr.windows(2) {
         let seg = slot(w[1]) - slot(w[0]);
-        seg == 0
-            || (0..groups).any(|g| {
-                let first = slot(w[0]) * groups + g * seg;
-                first / range != (first + seg - 1) / range
-            })
-    })
+        for _ in 0..groups {
+            if seg == 0 || at + seg > range {
+                return true;
+            }
+            at = (at + seg) % range;
+        }
+    }
+    false
 }
 
 /// The blocks a decode call launches at `head_dim` and GQA group size `group` over a bf16
@@ -480,7 +480,9 @@ fn kernel_name(kernel: DecodeKernel, d: usize, gh: usize, fp8: bool) -> &'static
 
 #[cfg(test)]
 mod tests {
-    use super::merge_has_work;
+    use super::{MIN_RANGE, merge_has_work};
+    use crate::paged::SLOT_ALIGN;
+    use proptest::prelude::*;
 
     /// `n` sequences of `slots` slots each.
     fn line(n: i32, slots: i32) -> Vec<i32> {
@@ -500,8 +502,44 @@ mod tests {
         assert!(merge_has_work(&line(64, 64), 8, 100));
         // A sequence with no slots: the merge writes its zero rows.
         assert!(merge_has_work(&[0, 64, 64, 128], 8, 660));
+        // The cascade bench's own pages at 128 requests (ranges of 128) and 256 (ranges of 224,
+        // which cut some of the 64-slot segments).
+        assert!(!merge_has_work(&line(128, 64), 8, 660));
+        assert!(merge_has_work(&line(256, 64), 8, 660));
+        // Ranges are rounded up to SLOT_ALIGN (32): 5 segments of 32 over 2 blocks give ranges
+        // of 96, not 80 (which would cut the third).
+        assert!(!merge_has_work(&line(5, 32), 1, 2));
         // One sequence of two segments, a block each, or two blocks each.
         assert!(!merge_has_work(&line(1, 1024), 2, 2));
         assert!(merge_has_work(&line(1, 1024), 2, 4));
+    }
+
+    proptest! {
+        /// The walk that keeps its place inside the current range agrees with the merge
+        /// kernel's test, segment by segment: first and last slot in different ranges.
+        #[test]
+        fn the_walk_agrees_with_the_merge_kernels_test(
+            lens in prop::collection::vec(0i32..40, 1..48),
+            groups in 1usize..9,
+            blocks in 1usize..800,
+        ) {
+            let mut slots = vec![0];
+            for l in lens {
+                slots.push(slots.last().unwrap() + l * SLOT_ALIGN as i32);
+            }
+            let (g, all) = (groups as i64, i64::from(*slots.last().unwrap()));
+            let align = SLOT_ALIGN as i64;
+            let range = ((all * g + blocks as i64 - 1) / blocks as i64).max(MIN_RANGE as i64);
+            let range = (range + align - 1) / align * align;
+            let cut = slots.windows(2).any(|w| {
+                let seg = i64::from(w[1] - w[0]);
+                seg == 0
+                    || (0..g).any(|h| {
+                        let first = i64::from(w[0]) * g + h * seg;
+                        first / range != (first + seg - 1) / range
+                    })
+            });
+            prop_assert_eq!(merge_has_work(&slots, groups, blocks), cut);
+        }
     }
 }

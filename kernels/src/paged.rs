@@ -291,6 +291,10 @@ impl DevicePageTable {
     }
 }
 
+/// What each sequence's slot count is rounded up to in [`slot_indptr`], and the decode kernel's
+/// ranges of slots with it (its `SLOT_ALIGN`).
+pub const SLOT_ALIGN: usize = 32;
+
 /// Prefix sums of each sequence's slot count rounded up to 32: its entries walked in slot
 /// space (`page_size` slots an entry) up to the last valid slot of its last entry. The decode
 /// kernel lays the sequences' slots end to end (once per q-head group) and gives each of its
@@ -312,7 +316,7 @@ pub fn seq_slots(page_lens: &[i32], page_size: usize) -> usize {
         [] => 0,
         [.., last] => (page_lens.len() - 1) * page_size + (*last as usize).min(page_size),
     };
-    slots.next_multiple_of(32)
+    slots.next_multiple_of(SLOT_ALIGN)
 }
 
 /// What both attention kernels read: queries, one layer's cache (bf16, or [`Fp8Cache`]), and

@@ -607,6 +607,76 @@ fn decode_many_short_sequences_spread_over_the_wave() {
     }
 }
 
+/// `decode_attention_beside`, told the host's copy of `slot_indptr`, writes what
+/// `decode_attention` writes, bit for bit, whether it launches the merge after the kernel (some
+/// sequence's slots cut between blocks, or a sequence with none) or leaves it out (every
+/// sequence's slots in one block's range). Both outputs start poisoned.
+#[test]
+fn decode_beside_equals_decode_with_or_without_its_merge() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(31);
+    let (d, hq, hkv, ps) = (128, 16, 8, 16);
+    let layouts: [(&str, Vec<usize>); 3] = [
+        ("cut", (0..64).map(|i| 1 + (i * 37) % 80).collect()),
+        ("whole", (0..64).map(|i| 1 + (i * 37) % 64).collect()),
+        (
+            "one empty",
+            (0..64).map(|i| if i == 5 { 0 } else { 40 }).collect(),
+        ),
+    ];
+    for (name, lens) in layouts {
+        let segs: Vec<(&[usize], usize)> =
+            lens.iter().map(|l| (std::slice::from_ref(l), 1)).collect();
+        let pages = lens.iter().map(|n| n.div_ceil(ps)).sum::<usize>() + 1;
+        let p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
+        let dev = upload(&gpu, &p);
+        let host = p.table(&p.seqs);
+        let slots = host.slot_indptr();
+        let table = host.upload(&gpu).unwrap();
+        let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &dev.q, &table);
+        let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
+        let n = lens.len();
+        let mut run = |beside: bool| {
+            let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+            let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+            if beside {
+                decode_attention_beside(&gpu, &inputs, &mut ws, &mut out, Some(&mut lse), &slots)
+            } else {
+                decode_attention(&gpu, &inputs, &mut ws, &mut out, Some(&mut lse))
+            }
+            .unwrap();
+            let out: Vec<u16> = gpu
+                .download(&out)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let lse: Vec<u32> = gpu
+                .download(&lse)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            (out, lse)
+        };
+        if name == "whole" {
+            // Ranges of MIN_RANGE (64) slots: each sequence's 8 segments of 32 or 64 slots start
+            // at a multiple of 64 and none crosses a range's end, so no merge is launched.
+            let line = *slots.last().unwrap() as usize * hq / 2;
+            let blocks = kernels::decode::blocks(&gpu, d, hq / hkv).unwrap();
+            assert!(
+                line.div_ceil(blocks) <= MIN_RANGE,
+                "{line} slots on {blocks} blocks"
+            );
+        }
+        let (plain, beside) = (run(false), run(true));
+        assert!(
+            plain == beside,
+            "{name}: the decode beside differs from the plain decode"
+        );
+    }
+}
+
 /// Long sequences, enough of them that the KV is shared out in ranges longer than the
 /// shortest (a sequence then spans many blocks, and a block holds pieces of several), and long
 /// enough that a block walks more than the 32 units of 32 slots for which the bulk-copy
@@ -689,9 +759,10 @@ fn decode_one_long_sequence_in_many_pieces() {
 fn cascade_partials_merged_equal_flat_attention() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(23);
-    // The requests' own tokens: 100 gives a request 128 slots, which the decode's blocks share
-    // (ranges of 64), so the merge after the decode kernel runs; with 40 no request's slots are
-    // shared, and the call beside the pass leaves that merge out.
+    // The requests' own tokens (decoded in the second and third cases): 100 gives a request 128
+    // slots, which the decode's blocks share (ranges of 64), so the merge after the decode
+    // kernel runs; in the third no request's slots are shared, and the call beside the pass
+    // leaves that merge out.
     let cases = [
         (128, 4, 2, 16, 50usize, [5, 33, 1], [20, 40, 7]),
         (64, 8, 2, 256, 50, [1, 1, 1], [20, 100, 7]),

@@ -87,9 +87,9 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
 // A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
 // pages while the shared prefix's pass runs) starts once that kernel lets it, and touches no
 // memory that kernel reads or writes. The kernels after the decode on the stream wait only for
-// the decode (and its merge, which waits for it), so block 0 waits for the earlier kernel
-// before it ends: the decode then ends after that kernel. Launched as usual, the wait returns
-// at once.
+// the decode (and its merge where launched, which waits for it), so block 0 waits for the
+// earlier kernel before it ends: the decode then ends after that kernel. Launched as usual, the
+// wait returns at once.
 __device__ __forceinline__ void end_after_previous_kernel() {
     if (blockIdx.x == 0) wait_for_previous_kernel();
 }
@@ -98,6 +98,7 @@ __device__ __forceinline__ void end_after_previous_kernel() {
 
 // The range of the segment line that each block takes: an equal share, a multiple of
 // SLOT_ALIGN and at least min_range slots (a block's fixed costs need some work to hide in).
+// The host's merge_has_work (kernels/src/decode.rs) computes the same ranges: keep them equal.
 __device__ __forceinline__ long long block_range(long long total, int blocks, int min_range) {
     long long r = (total + blocks - 1) / blocks;
     r = r > min_range ? r : min_range;
@@ -600,7 +601,8 @@ __device__ __forceinline__ void decode_attention_bulk(
 // 6% slower). `blocks`, `min_range` and `gh` are the decode call's. Only the segment layout is
 // read before waiting for the decode kernel, and every thread waits, even one with nothing to
 // merge: a kernel after this one on the stream waits for this one only, so this one may not end
-// before the decode kernel has.
+// before the decode kernel has. Beside a cascade level it is launched only where it writes
+// some row: merge_has_work (kernels/src/decode.rs) applies its test on the host.
 extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indptr,
                                                const float* __restrict__ part_o,
                                                const float* __restrict__ part_lse,

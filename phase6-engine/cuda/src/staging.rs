@@ -278,10 +278,14 @@ impl Staging {
             sample_rows: self.words(layout.sample_rows),
             decode: (num_decode > 0).then(|| DecodePart {
                 table: table(&layout.decode),
-                slot_indptr: layout.decode.slot_indptr.map_or_else(Vec::new, |r| {
+                slot_indptr: {
+                    let r = layout
+                        .decode
+                        .slot_indptr
+                        .expect("a decode table has slot_indptr");
                     let words = &self.words[r.offset..r.offset + r.len];
                     words.iter().map(|&w| w as i32).collect()
-                }),
+                },
             }),
             prefill: (num_prefill > 0).then(|| prefill(&layout.prefill)),
             levels: layout
