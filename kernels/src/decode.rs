@@ -360,7 +360,10 @@ fn merge_has_work(slot_indptr: &[i32], groups: usize, blocks: usize) -> bool {
             if seg == 0 || at + seg > range {
                 return true;
             }
-            at = (at + seg) % range;
+            at += seg;
+            if at == range {
+                at = 0;
+            }
         }
     }
     false
