@@ -25,7 +25,7 @@ pub const MAX_SPLITS: usize = 16;
 const TARGET_OUTPUTS: usize = 768 * 1024;
 
 /// How many K ranges to cut `rows x out_features x in_features` into: the power of two that
-/// brings the output elements of all ranges together closest below [`TARGET_OUTPUTS`], at most
+/// brings the output elements of all ranges together closest below `TARGET_OUTPUTS`, at most
 /// 8 and with ranges of a multiple of 8 elements; 1 (no split) for a product with that many
 /// outputs already. The partials of a split never exceed that size (3 MiB of f32).
 ///
