@@ -7,9 +7,9 @@
 //! (tensor cores, the queries of a GQA group folded into its tile rows), each request attends
 //! its own pages with the decode kernel, and the two partial results are merged by
 //! log-sum-exp. A small batch has too few query tiles to fill the GPU, so the "split" variant
-//! also cuts the prefix into parts attended in parallel (the queries repeated once per part by
-//! one gather, inside the timed region) and merges the parts in one launch, as the CUDA runner
-//! does, the decode of the requests' own pages started beside the prefix's pass; the table
+//! also cuts the prefix into parts attended in parallel (each reading the batch's queries in
+//! place) and merges the parts in one launch, as the CUDA runner does, the decode of the
+//! requests' own pages started beside the prefix's pass; the table
 //! shows the fastest count of parts (2 to 32), and a third table every count. Times are device
 //! times between CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so
 //! and exits.
@@ -24,10 +24,9 @@ mod common;
 
 use common::{fill, time};
 use kernels::decode::{DecodeWorkspace, decode_attention, decode_attention_beside};
-use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
-use kernels::prefill::{PrefillQueries, prefill_attention, prefill_attention_after_gather};
+use kernels::prefill::{PrefillQueries, prefill_attention, prefill_attention_pieces};
 use kernels::{CudaSlice, Gpu, bf16};
 
 const HQ: usize = 16;
@@ -89,16 +88,16 @@ impl Cache {
     }
 }
 
-/// Split-KV attention launched as the CUDA runner launches it: the `queries` query tokens are
-/// repeated once per piece of `table` (a sequence a piece) by one gather, every piece is attended
-/// in one unmasked prefill call, and the pieces merge into a main state in one launch.
+/// Split-KV attention launched as the CUDA runner launches it: every piece of `table` (a
+/// sequence a piece) is attended in one unmasked prefill call that reads the `queries` query
+/// tokens in place for each, starting as the kernel before it ends, and the pieces merge into
+/// a main state in one launch.
 struct Pieces {
     table: DevicePageTable,
     pieces: usize,
     queries: usize,
     index: CudaSlice<u32>,
     indptr: CudaSlice<i32>,
-    q: CudaSlice<bf16>,
     o: CudaSlice<bf16>,
     lse: CudaSlice<f32>,
 }
@@ -106,7 +105,7 @@ struct Pieces {
 impl Pieces {
     fn new(gpu: &Gpu, table: DevicePageTable, pieces: usize, queries: usize) -> Self {
         let rows = queries * HQ;
-        let index: Vec<u32> = (0..pieces).flat_map(|_| 0..queries as u32).collect();
+        let index: Vec<u32> = (0..queries as u32).collect();
         let indptr: Vec<i32> = (0..=pieces).map(|p| (p * queries) as i32).collect();
         Self {
             table,
@@ -114,7 +113,6 @@ impl Pieces {
             queries,
             index: gpu.upload(&index).unwrap(),
             indptr: gpu.upload(&indptr).unwrap(),
-            q: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
             o: gpu.zeros::<bf16>(pieces * rows * D).unwrap(),
             lse: gpu.zeros::<f32>(pieces * rows).unwrap(),
         }
@@ -133,17 +131,17 @@ impl Pieces {
         self.merge_into(gpu, o, lse);
     }
 
-    /// Attends `q` over every piece.
+    /// Attends `q` over every piece. The kernels that may still run as it starts (the call
+    /// before this one, or the merge of the last, and what those started beside) write neither
+    /// the page table nor the K/V, so it may start early.
     fn attend(&mut self, gpu: &Gpu, cache: &Cache, q: &CudaSlice<bf16>) {
-        gather_rows(gpu, q, self.queries, &self.index, &mut self.q, HQ * D).unwrap();
         let queries = PrefillQueries {
             indptr: self.indptr.as_view(),
             max_len: self.queries,
         };
-        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut self.lse;
-        let inputs = cache.inputs(&self.q, &self.table);
-        prefill_attention_after_gather(gpu, &inputs, &queries, false, &mut self.o, Some(lse_out))
-            .unwrap();
+        let inputs = cache.inputs(q, &self.table);
+        let (o, lse) = (&mut self.o, &mut self.lse);
+        prefill_attention_pieces(gpu, &inputs, &queries, self.pieces, true, o, lse).unwrap();
     }
 
     /// Folds the pieces into `(o, lse)`.
@@ -152,8 +150,7 @@ impl Pieces {
             o: self.o.as_view(),
             lse: self.lse.as_view(),
         };
-        let first = self.index.slice(..self.queries);
-        merge_pieces_into(gpu, o, lse, &pieces, self.pieces, &first, HQ, D).unwrap();
+        merge_pieces_into(gpu, o, lse, &pieces, self.pieces, &self.index, HQ, D).unwrap();
     }
 }
 
@@ -174,9 +171,9 @@ fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Ve
 }
 
 /// Cascade: the prefix in `parts` parallel pieces for all queries, the suffixes by decode, and
-/// log-sum-exp merges, launched as the CUDA runner launches them: one gather repeats the
-/// queries once per part, one unmasked prefill call attends every part, the decode of the
-/// suffixes starts beside it, and the parts merge into the suffixes' result.
+/// log-sum-exp merges, launched as the CUDA runner launches them: one unmasked prefill call
+/// attends every part, each reading the queries in place, the decode of the suffixes starts
+/// beside it, and the parts merge into the suffixes' result.
 fn cascade(
     gpu: &Gpu,
     cache: &Cache,

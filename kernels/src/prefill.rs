@@ -60,10 +60,11 @@ impl PrefillKernel {
         Self::best_for(gpu, inputs.cache.head_dim, fp8)
     }
 
-    /// Whether a kernel launched after this one as a programmatic dependent may start at once,
-    /// on the multiprocessors this one leaves free (the warp-specialized kernel says so at its
-    /// start; the others let it start only as they end). Cascade's decode rows run beside the
-    /// first level's call this way ([`crate::decode::decode_attention_beside`]).
+    /// Whether a kernel launched after this one as a programmatic dependent may start before
+    /// it ends, on the multiprocessors this one leaves free (the warp-specialized kernel says so
+    /// as soon as its blocks have waited for the kernel before it; the others let it start only
+    /// as they end). Cascade's decode rows run beside the first level's call this way
+    /// ([`crate::decode::decode_attention_beside`]).
     pub fn lets_dependents_start(self) -> bool {
         self == Self::WgmmaWarpSpecialized
     }
@@ -162,24 +163,50 @@ pub fn prefill_attention<C: CacheRead>(
     prefill_attention_on(gpu, kernel, inputs, queries, causal, out, lse)
 }
 
-/// [`prefill_attention`] launched right after the kernel that writes its queries (split-KV's
-/// and cascade's gather of the rows once per piece): on Hopper the warp-specialized kernel's
-/// blocks start while that kernel ends, read the page table and start their first K/V copies,
-/// and wait for it before reading Q. That kernel must be launched as usual (after everything
-/// before it has finished, which this call's early reads and writes rely on), must launch (a
-/// gather of no rows does not), and must write nothing else this call reads or writes (the
-/// queries' `indptr`, the page table, the K/V, `out`, `lse`). Otherwise as
-/// [`prefill_attention`].
-pub fn prefill_attention_after_gather<C: CacheRead>(
+/// The unmasked pass over the pieces of a KV cut apart (split-KV's and cascade's, merged by
+/// [`crate::merge`]): each sequence of `queries` is one piece, `inputs.q` holds the queries
+/// once for all `pieces`, and sequence `s` reads its rows from row `queries.indptr[s]` mod the
+/// rows of `inputs.q` (a piece's rows lie in one copy, as when piece `p` of a part is rows
+/// `p x rows..` of the call). Its outputs and log-sum-exp go to rows `queries.indptr[s]..` of
+/// `out` and `lse`: `pieces` times the rows of `inputs.q` in all. Reading the queries in place
+/// spares a gather that would repeat them once per piece, a kernel that the pass would wait on.
+///
+/// With `early`, on Hopper the warp-specialized kernel's blocks start as the kernel before them
+/// ends: they read the page table and start their first K/V copies, then wait for that kernel
+/// before they read Q or write anything, and only then let a kernel after them start (cascade's
+/// decode beside the pass). So nothing that may still run as the call starts may write the
+/// page table or the K/V: the kernel before it, and any kernel that one was started beside
+/// (the CUDA runner's first level follows the K/V store, launched as usual).
+pub fn prefill_attention_pieces<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
-    causal: bool,
+    pieces: usize,
+    early: bool,
     out: &mut impl DevicePtrMut<bf16>,
-    lse: Option<&mut dyn DevicePtrMut<f32>>,
+    lse: &mut dyn DevicePtrMut<f32>,
 ) -> Result<()> {
     let kernel = PrefillKernel::best(gpu, inputs);
-    launch_prefill(gpu, kernel, true, inputs, queries, causal, out, lse)
+    let launch = Launch { early, pieces };
+    launch_prefill(gpu, kernel, launch, inputs, queries, false, out, Some(lse))
+}
+
+/// [`prefill_attention_pieces`] on a chosen kernel, launched as usual; an error if that kernel
+/// cannot run `inputs`.
+pub fn prefill_attention_pieces_on<C: CacheRead>(
+    gpu: &Gpu,
+    kernel: PrefillKernel,
+    inputs: &AttentionInputs<'_, C>,
+    queries: &PrefillQueries<'_>,
+    pieces: usize,
+    out: &mut impl DevicePtrMut<bf16>,
+    lse: &mut dyn DevicePtrMut<f32>,
+) -> Result<()> {
+    let launch = Launch {
+        early: false,
+        pieces,
+    };
+    launch_prefill(gpu, kernel, launch, inputs, queries, false, out, Some(lse))
 }
 
 /// [`prefill_attention`] on a chosen kernel; an error if that kernel cannot run `inputs`.
@@ -192,17 +219,29 @@ pub fn prefill_attention_on<C: CacheRead>(
     out: &mut impl DevicePtrMut<bf16>,
     lse: Option<&mut dyn DevicePtrMut<f32>>,
 ) -> Result<()> {
-    launch_prefill(gpu, kernel, false, inputs, queries, causal, out, lse)
+    let launch = Launch {
+        early: false,
+        pieces: 1,
+    };
+    launch_prefill(gpu, kernel, launch, inputs, queries, causal, out, lse)
 }
 
-/// The prefill kernel `kernel`; where `after_gather` and it is the warp-specialized kernel (the
+/// How a call launches: how many copies of Q's rows its queries read
+/// ([`prefill_attention_pieces`]), and whether it starts as the kernel before it ends.
+#[derive(Debug, Clone, Copy)]
+struct Launch {
+    early: bool,
+    pieces: usize,
+}
+
+/// The prefill kernel `kernel`; where `launch.early` and it is the warp-specialized kernel (the
 /// one that waits for the kernel before it, before its first Q), as a programmatic dependent of
-/// that kernel ([`prefill_attention_after_gather`]).
+/// that kernel ([`prefill_attention_pieces`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_prefill<C: CacheRead>(
     gpu: &Gpu,
     kernel: PrefillKernel,
-    after_gather: bool,
+    launch: Launch,
     inputs: &AttentionInputs<'_, C>,
     queries: &PrefillQueries<'_>,
     causal: bool,
@@ -221,10 +260,14 @@ fn launch_prefill<C: CacheRead>(
             "queries.indptr must have one entry more than the page table has sequences",
         ));
     }
-    check::at_least(K, "output", out.len(), rows * hq * d)?;
+    if launch.pieces == 0 {
+        return Err(check::invalid(K, "pieces must be at least 1"));
+    }
+    let out_rows = rows * launch.pieces;
+    check::at_least(K, "output", out.len(), out_rows * hq * d)?;
     let lse_ptr = match lse {
         Some(l) => {
-            check::at_least(K, "lse", l.len(), rows * hq)?;
+            check::at_least(K, "lse", l.len(), out_rows * hq)?;
             gpu.ptr_dyn(l)
         }
         None => 0,
@@ -274,6 +317,7 @@ fn launch_prefill<C: CacheRead>(
         check::int(K, "page_size", inputs.cache.page_size)?,
         shift,
         check::int(K, "num_pages", inputs.cache.num_pages)?,
+        check::int(K, "q rows", rows.max(1))?,
     ];
     let tiles = check::int(K, "query tiles", tiles)?;
     let (seqs, heads) = (num_seqs as u32, inputs.cache.num_kv_heads as u32);
@@ -353,7 +397,7 @@ fn launch_prefill<C: CacheRead>(
         shared_mem_bytes: kernel.shared_bytes() as u32,
         ..grid(blocks, kernel.block_threads())
     };
-    let dependent = after_gather && kernel == PrefillKernel::WgmmaWarpSpecialized;
+    let dependent = launch.early && kernel == PrefillKernel::WgmmaWarpSpecialized;
     unsafe { gpu.launch_args(K, &f, config, &mut args, dependent) }?;
     Ok(())
     // END SOLUTION

@@ -14,8 +14,8 @@ use kernels::paged::{
     AttentionInputs, CacheRead, CacheShape, DevicePageTable, Fp8Cache, HostPageTable,
 };
 use kernels::prefill::{
-    PrefillKernel, PrefillQueries, prefill_attention, prefill_attention_after_gather,
-    prefill_attention_on,
+    PrefillKernel, PrefillQueries, prefill_attention, prefill_attention_on,
+    prefill_attention_pieces, prefill_attention_pieces_on,
 };
 use kernels::{CudaSlice, Gpu, bf16};
 use phase6_fp8::e4m3;
@@ -1038,25 +1038,16 @@ fn split_kv_pieces_merged_equal_one_pass() {
     };
     for (kernel, (one_out, _)) in &one_pass {
         for pieces in [1, 3, 4, 12, 32] {
+            // Every piece reads the one copy of the queries.
             let (table, indptr) = cut(pieces);
-            let q_pieces = gpu.upload(&p.q.repeat(pieces)).unwrap();
             let queries = PrefillQueries {
                 indptr: indptr.as_view(),
                 max_len: q_len,
             };
-            let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_pieces, &table);
+            let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &dev.q, &table);
             let (mut parts_o, mut parts_lse) = poisoned(pieces);
-            let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut parts_lse;
-            prefill_attention_on(
-                &gpu,
-                *kernel,
-                &inputs,
-                &queries,
-                false,
-                &mut parts_o,
-                Some(lse_out),
-            )
-            .unwrap();
+            let (o, lse) = (&mut parts_o, &mut parts_lse);
+            prefill_attention_pieces_on(&gpu, *kernel, &inputs, &queries, pieces, o, lse).unwrap();
             // An empty piece attends nothing: zeros and a log-sum-exp of -inf (which the merge
             // skips), whatever its block's shared memory held.
             let (part_o, part_lse) = download(&gpu, &parts_o, &parts_lse);
@@ -1080,28 +1071,29 @@ fn split_kv_pieces_merged_equal_one_pass() {
             assert_close(&format!("{name} vs one pass"), &out, one_out, BF16_TOL);
         }
     }
-    // As the CUDA runner launches it: the queries gathered once a piece into a poisoned buffer,
-    // and the pieces' call started while the gather ends (on Hopper its blocks read the page
-    // table and start their first K/V copies first, then wait for the gather before Q).
+    // As the CUDA runner launches it: the queries written by the kernel just before (here a
+    // gather into rows 5.. of a poisoned buffer, as RoPE writes a step's queries) and read in
+    // place from there, the pieces' call started as that kernel ends (on Hopper its blocks read
+    // the page table and start their first K/V copies first, then wait for it before Q).
+    let skip = 5;
     for pieces in [3, 32] {
         let (table, indptr) = cut(pieces);
         let queries = PrefillQueries {
             indptr: indptr.as_view(),
             max_len: q_len,
         };
-        let rows_index: Vec<u32> = (0..pieces).flat_map(|_| 0..q_len as u32).collect();
-        let rows_index = gpu.upload(&rows_index).unwrap();
-        let mut q_pieces = gpu.upload(&poison_bf16(pieces * rows * d)).unwrap();
+        let rows_index = gpu.upload(&(0..q_len as u32).collect::<Vec<_>>()).unwrap();
+        let mut q_buf = gpu.upload(&poison_bf16((skip + q_len) * hq * d)).unwrap();
         let (mut parts_o, mut parts_lse) = poisoned(pieces);
-        // Nothing between the gather and the call: the call starts while the gather ends.
-        gather_rows(&gpu, &dev.q, q_len, &rows_index, &mut q_pieces, hq * d).unwrap();
-        let inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_pieces, &table);
-        let lse_out: &mut dyn kernels::DevicePtrMut<f32> = &mut parts_lse;
-        prefill_attention_after_gather(&gpu, &inputs, &queries, false, &mut parts_o, Some(lse_out))
-            .unwrap();
+        let mut written = q_buf.slice_mut(skip * hq * d..);
+        gather_rows(&gpu, &dev.q, q_len, &rows_index, &mut written, hq * d).unwrap();
+        let mut inputs = p.inputs((dev.k.as_view(), dev.v.as_view()), &q_buf, &table);
+        inputs.q = q_buf.slice(skip * hq * d..);
+        let (o, lse) = (&mut parts_o, &mut parts_lse);
+        prefill_attention_pieces(&gpu, &inputs, &queries, pieces, true, o, lse).unwrap();
         let best = PrefillKernel::best(&gpu, &own_inputs);
         let (out, out_lse) = own_merged(best, &parts_o, &parts_lse, pieces);
-        let name = format!("split-KV prefill after the gather, {pieces} pieces");
+        let name = format!("split-KV prefill started early, {pieces} pieces");
         assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
     }
 }

@@ -16,6 +16,11 @@
 // index kv_len - q_len + t and sees logical indices <= its own. Without the mask (cascade
 // attention over a shared prefix) every query sees every token.
 //
+// Q has q_rows rows and sequence s's queries start at row q_indptr[s] mod q_rows: the pieces of
+// one KV cut apart (split-KV, cascade) are sequences of their own that read the same rows of Q,
+// written once; anywhere else q_indptr[s] is below q_rows and names the row itself. Outputs go
+// to rows q_indptr[s].. as always.
+//
 // Pipeline per KV tile j (one K buffer, one V buffer, copies overlap math):
 //   wait K(j) | start copy V(j) | S = Q K(j)^T, softmax | wait V(j) | start copy K(j+1) | O += P V(j)
 
@@ -66,8 +71,8 @@ __device__ __forceinline__ void prefill_attention(
     const int* __restrict__ q_indptr, const int* __restrict__ kv_indptr,
     const int* __restrict__ kv_page_ids, const int* __restrict__ kv_page_lens,
     bf16* __restrict__ out, float* __restrict__ lse, int num_q_heads, int num_kv_heads,
-    int page_size, int page_shift, int num_pages, float sm_scale, int causal, float k_scale,
-    float v_scale) {
+    int page_size, int page_shift, int num_pages, int q_rows, float sm_scale, int causal,
+    float k_scale, float v_scale) {
     __shared__ __align__(16) PrefillShared<D> s;
     const int seq = blockIdx.y, kv_head = blockIdx.z;
     const int group = num_q_heads / num_kv_heads;
@@ -109,7 +114,8 @@ __device__ __forceinline__ void prefill_attention(
         uint4 v = make_uint4(0, 0, 0, 0);
         if (gr < rows) {
             const int t = gr / group, h = kv_head * group + gr % group;
-            v = *reinterpret_cast<const uint4*>(q + ((size_t)(q0 + t) * num_q_heads + h) * D + ch * 8);
+            const size_t token = q0 % q_rows + t;  // pieces read the same rows of Q
+            v = *reinterpret_cast<const uint4*>(q + (token * num_q_heads + h) * D + ch * 8);
         }
         *reinterpret_cast<uint4*>(&s.k[r][ch * 8]) = v;
     }
@@ -245,10 +251,11 @@ __device__ __forceinline__ void prefill_attention(
         const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* q_indptr,         \
         const int* kv_indptr, const int* kv_page_ids, const int* kv_page_lens, bf16* out,       \
         float* lse, int num_q_heads, int num_kv_heads, int page_size, int page_shift,           \
-        int num_pages, float sm_scale, int causal, float k_scale, float v_scale) {              \
+        int num_pages, int q_rows, float sm_scale, int causal, float k_scale, float v_scale) {  \
         prefill_attention<D, KV>(q, k_cache, v_cache, q_indptr, kv_indptr, kv_page_ids,         \
                                  kv_page_lens, out, lse, num_q_heads, num_kv_heads, page_size,  \
-                                 page_shift, num_pages, sm_scale, causal, k_scale, v_scale);    \
+                                 page_shift, num_pages, q_rows, sm_scale, causal, k_scale,      \
+                                 v_scale);                                                      \
     }
 
 PREFILL(prefill_attention_d32, 32, KvBf16)

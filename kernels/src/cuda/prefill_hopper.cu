@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
-    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
+    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages, int q_rows,
     float sm_scale, int causal) {
     extern __shared__ unsigned char raw_smem[];
     auto& s = aligned_shared<HopperShared>(raw_smem);
@@ -136,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(HOP_THREADS, 1) prefill_attention_h
     const int q_lo = last_visible(row0, rows, group, causal, kv_len, q_len);
 
     // Q tile (zeros past the last row), then the first two slot tables and KV tile 0.
-    hopper_load_q<HOP_THREADS>(s.q, q, row0, rows, group, kv_head, q0, num_q_heads);
+    hopper_load_q<HOP_THREADS>(s.q, q, row0, rows, group, kv_head, q0 % q_rows, num_q_heads);
     SlotWalker walker{0};
     const int num_tiles = count_tiles<HOP_N>(num_entries, page_size);
     for (int j = 0; j < 2 && j < num_tiles; ++j)

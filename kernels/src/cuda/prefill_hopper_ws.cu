@@ -233,7 +233,8 @@ struct WsProducer {
     const TensorMap* v_map;
     const TensorMap* q_map;  // when q_tma: Q as [token][q head][128], in boxes of an item's rows
     int q_tma;
-    int num_q_heads, num_kv_heads, page_size, page_shift, num_pages, causal, num_seqs, ranks;
+    int num_q_heads, num_kv_heads, page_size, page_shift, num_pages, q_rows, causal, num_seqs,
+        ranks;
     int kt = 0, vt = 0, qs = 0;  // K and V stage uses, Qs loaded
     // The item being walked: its pages, its KV head and the last KV index its last row sees.
     const int* page_ids = nullptr;
@@ -345,24 +346,30 @@ struct WsProducer {
     // threads, the rows' addresses cost the producer 3 us an item, which the consumers waited
     // through.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
-        // The block's first Q: launched as a programmatic dependent of the gather that writes
-        // it (prefill_attention_after_gather), the block has read its page table and started
-        // its first K and V while the gather ended; launched as usual, this returns at once.
-        if (qs == 0) wait_for_previous_kernel();
+        // The block's first Q: launched as a programmatic dependent of the kernel that writes
+        // it (prefill_attention_pieces), the block has read its page table and started its
+        // first K and V while that kernel ended; launched as usual, this returns at once. Only
+        // then may the kernel after this one start (cascade's decode beside it reads the same
+        // queries).
+        if (qs == 0) {
+            wait_for_previous_kernel();
+            let_next_kernel_start();
+        }
         const int qb = qs & 1;
         if (qs >= 2) mbarrier_wait(&s.q_empty[qb], ((qs >> 1) - 1) & 1);
+        const int q_src = b.q0 % q_rows;  // pieces read the same rows of Q
         if (q_tma) {
             if (threadIdx.x == 0) {
                 mbarrier_expect_tx(&s.q_full[qb], HOP_M * HOP_D * (int)sizeof(bf16));
                 for (int half = 0; half < 2; ++half)
                     tma_load_3d(s.q[qb] + half * HOP_M * 64, q_map, half * 64,
-                                b.kv_head * b.group.size, b.q0 + b.row0 / b.group,
+                                b.kv_head * b.group.size, q_src + b.row0 / b.group,
                                 &s.q_full[qb]);
             }
             mbarrier_arrive(&s.q_full[qb]);
         } else {
             hopper_load_q<WS_PRODUCER_THREADS>(s.q[qb], q, b.row0, b.rows, b.group, b.kv_head,
-                                               b.q0, num_q_heads);
+                                               q_src, num_q_heads);
             cp_async_arrive(&s.q_full[qb]);
         }
         ++qs;
@@ -652,7 +659,12 @@ struct WsConsumer {
 };
 
 // One block an SM, walking work items: 128 rows, 128-slot tiles, a producer and two consumer
-// warpgroups. `ranks`: the longest sequence's query tiles (an item's third index). `q_tma`:
+// warpgroups. `ranks`: the longest sequence's query tiles (an item's third index). `q_rows`:
+// Q's rows; sequence s's queries start at row q_indptr[s] mod q_rows (pieces of one KV share
+// one copy of their queries; otherwise q_indptr[s] itself). The kernel after this one, launched
+// as its programmatic dependent, may start once every block has waited for the kernel before
+// (cascade's decode of the requests' own pages, on the multiprocessors this grid leaves free:
+// at 64 requests in 8 parts, 64 items, half the GPU). `q_tma`:
 // whether `q_map` describes Q (a group of q heads divides an item's 128 rows; else the
 // producer's threads copy Q); `o_tma`, whether `o_map` describes the output in boxes of a
 // consumer's 64 rows.
@@ -661,18 +673,12 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
     const bf16* __restrict__ v_cache, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_page_ids,
     const int* __restrict__ kv_page_lens, bf16* __restrict__ out, float* __restrict__ lse,
-    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages,
+    int num_q_heads, int num_kv_heads, int page_size, int page_shift, int num_pages, int q_rows,
     float sm_scale, int causal, const __grid_constant__ TensorMap k_map,
     const __grid_constant__ TensorMap v_map, const __grid_constant__ TensorMap q_map, int q_tma,
     const __grid_constant__ TensorMap o_map, int o_tma, int num_seqs, int ranks) {
     extern __shared__ unsigned char raw_smem[];
     if (((0u - shared_address(raw_smem)) & 1023u) > WS_ALIGN_SLACK) __trap();
-    // A kernel launched after this one as its programmatic dependent may start now, on the
-    // multiprocessors this grid leaves free: cascade's decode of the requests' own pages beside
-    // the shared prefix's pass (at 64 requests in 8 parts, 64 items: half the GPU). A dependent
-    // that touches this kernel's memory waits for it first (griddepcontrol.wait); a kernel
-    // launched as usual waits for it whatever this says.
-    let_next_kernel_start();
     auto& s = aligned_shared<WsShared>(raw_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
@@ -699,7 +705,8 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_attention_ho
         WsProducer p{s,         q,           k_cache,      v_cache,      q_indptr,
                      kv_indptr, kv_page_ids, kv_page_lens, &k_map,       &v_map,
                      &q_map,    q_tma,       num_q_heads,  num_kv_heads, page_size,
-                     page_shift, num_pages,  causal,       num_seqs,     ranks};
+                     page_shift, num_pages,  q_rows,       causal,       num_seqs,
+                     ranks};
         p.run();
         return;
     }

@@ -133,13 +133,27 @@ impl Prefill {
 /// or the visible head of one sequence's own KV) is cut into `pieces` ([`crate::split`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
-    /// The gathered query rows: the level's distinct rows, part after part, once per piece.
+    /// The level's distinct query rows, part after part: the queries every piece reads, in
+    /// place where they are one run of the step's rows ([`Self::in_place`]), else gathered
+    /// once.
     pub rows: Vec<u32>,
     /// A power of two (`KvSplit::pieces`).
     pub pieces: usize,
     /// Sequence `p * parts + g` of this call is piece `p` of part `g`, over the rows of part
-    /// `g` in the `p`-th copy of the distinct rows.
+    /// `g` in the `p`-th copy of `rows`: its outputs are rows `p x rows.len()..` of the call,
+    /// its queries the same rows of one copy.
     pub groups: Prefill,
+}
+
+impl Level {
+    /// The step's first row of `rows` where they are that row and the ones after it, in order
+    /// (one cascade group of consecutive requests, one prefill's visible head): the call then
+    /// reads the step's queries where they are.
+    pub fn in_place(&self) -> Option<usize> {
+        let first = *self.rows.first()?;
+        let run = self.rows.iter().zip(first..).all(|(&r, want)| r == want);
+        run.then_some(first as usize)
+    }
 }
 
 /// Everything one step uploads, in device row order.
@@ -417,6 +431,8 @@ mod tests {
         assert_eq!(plan.levels.len(), 1);
         let level = &plan.levels[0];
         assert_eq!(level.rows, vec![2, 3, 4, 5, 6, 0]);
+        // Not one run of the step's rows: the runner gathers them once.
+        assert_eq!(level.in_place(), None);
         assert_eq!(level.groups.q_indptr, vec![0, 6]);
         assert_eq!(level.groups.table.page_lens, vec![16, 16, 5]);
     }
@@ -449,7 +465,8 @@ mod tests {
         assert_eq!(plan.levels.len(), 1);
         let level = &plan.levels[0];
         assert_eq!(level.pieces, 2);
-        assert_eq!(level.rows, vec![0, 1, 0, 1]);
+        assert_eq!(level.rows, vec![0, 1]);
+        assert_eq!(level.in_place(), Some(0));
         assert_eq!(level.groups.q_indptr, vec![0, 2, 4]);
         assert_eq!(level.groups.table.indptr, vec![0, 2, 5]);
         assert_eq!(level.groups.table.page_ids, vec![10, 11, 12, 13, 14]);
@@ -484,7 +501,7 @@ mod tests {
         assert_eq!(plan.levels.len(), 1);
         let level = &plan.levels[0];
         assert_eq!(level.pieces, 4);
-        assert_eq!(level.rows, [0, 1, 2].repeat(4));
+        assert_eq!(level.rows, vec![0, 1, 2]);
         assert_eq!(level.groups.q_indptr, vec![0, 3, 6, 9, 12]);
         assert_eq!(level.groups.table.indptr, vec![0, 2, 5, 7, 10]);
         assert_eq!(
@@ -514,7 +531,8 @@ mod tests {
         let level = &plan.levels[0];
         assert_eq!(level.pieces, 2);
         assert_eq!(level.groups.table.page_ids, vec![30, 31, 32, 33, 34]);
-        assert_eq!(level.rows, (0..10).chain(0..10).collect::<Vec<u32>>());
+        assert_eq!(level.rows, (0..10).collect::<Vec<u32>>());
+        assert_eq!(level.in_place(), Some(0));
     }
 
     #[test]
@@ -680,21 +698,24 @@ mod tests {
                 read[i].extend(causal);
             }
             for level in &plan.levels {
-                let d = level.rows.len() / level.pieces;
+                let d = level.rows.len();
                 prop_assert!(level.pieces.is_power_of_two());
-                prop_assert_eq!(level.rows.len(), level.pieces * d);
-                prop_assert!(level.rows.len() <= limits.max_tokens);
-                let mut distinct = level.rows[..d].to_vec();
+                prop_assert!(level.pieces * d <= limits.max_tokens);
+                let mut distinct = level.rows.clone();
                 distinct.sort();
                 distinct.dedup();
                 prop_assert_eq!(distinct.len(), d);
-                for piece in level.rows.chunks(d) {
-                    prop_assert_eq!(piece, &level.rows[..d]);
+                if let Some(first) = level.in_place() {
+                    let run: Vec<u32> = (first as u32..).take(d).collect();
+                    prop_assert_eq!(&level.rows, &run);
                 }
                 let q = &level.groups.q_indptr;
-                prop_assert_eq!(*q.last().unwrap() as usize, level.rows.len());
+                prop_assert_eq!(*q.last().unwrap() as usize, level.pieces * d);
                 for j in 0..level.groups.table.num_seqs() {
-                    let mut readers: Vec<usize> = level.rows[q[j] as usize..q[j + 1] as usize]
+                    // The kernel reads a piece's queries from one copy of the rows.
+                    let (start, len) = (q[j] as usize % d, (q[j + 1] - q[j]) as usize);
+                    prop_assert!(start + len <= d, "piece {j} runs past one copy");
+                    let mut readers: Vec<usize> = level.rows[start..start + len]
                         .iter()
                         .map(|&r| owner[r as usize])
                         .collect();

@@ -127,10 +127,10 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 
 /// Puts each unmasked part on the first level that holds none of its sequences (a level's
 /// rows must be distinct to be merged back in place), and cuts the parts of a level into as
-/// many pieces as its most demanding part wants, as far as `max_rows` gathered rows allow; the
-/// first level for the step's decode rows beside it where the step has some (`decode_rows`)
-/// and the split runs them so. Piece `p` of part `g` is sequence `p * parts + g` of the level's
-/// call; `rows_of(i)` are the step's rows of batch sequence `i`.
+/// many pieces as its most demanding part wants, as far as `max_rows` rows of the pieces'
+/// outputs allow; the first level for the step's decode rows beside it where the step has some
+/// (`decode_rows`) and the split runs them so. Piece `p` of part `g` is sequence
+/// `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,
@@ -183,7 +183,7 @@ pub(crate) fn levels(
                 }
             }
             Level {
-                rows: rows.repeat(pieces),
+                rows,
                 pieces,
                 groups,
             }

@@ -143,12 +143,14 @@ pub(crate) struct PrefillPart<'a> {
     pub max_q: usize,
 }
 
-/// Unmasked KV attended in one call (`phase6_cuda_plan::Level`): the gathered `rows`, once per
-/// piece, attend their pieces of cascade groups' shared segments and of long visible prefixes;
-/// the pieces are merged into the rows' main state in one launch.
+/// Unmasked KV attended in one call (`phase6_cuda_plan::Level`): the queries of `rows`, read
+/// in place where they are one run of the step's rows (`in_place`: the first) and gathered
+/// once otherwise, attend their pieces of cascade groups' shared segments and of long visible
+/// prefixes; the pieces are merged into the rows' main state in one launch.
 pub(crate) struct LevelPart<'a> {
     pub rows: CudaView<'a, u32>,
     pub pieces: usize,
+    pub in_place: Option<usize>,
     pub groups: PrefillPart<'a>,
 }
 
@@ -679,30 +681,37 @@ fn attend<C: CacheRead>(
         prefill::prefill_attention(gpu, &inputs, &queries, true, &mut out, lse)?;
     }
     for (i, level) in s.levels.iter().enumerate() {
-        let n = level.rows.len();
-        gather::gather_rows(gpu, &a.q, t, &level.rows, &mut a.part_q, qw)?;
+        let (n, pieces) = (level.rows.len(), level.pieces);
+        let q = match level.in_place {
+            Some(first) => a.q.slice(first * qw..(first + n) * qw),
+            None => {
+                gather::gather_rows(gpu, &a.q, t, &level.rows, &mut a.part_q, qw)?;
+                a.part_q.slice(..n * qw)
+            }
+        };
         let g = &level.groups;
-        let q = a.part_q.slice(..n * qw);
         let inputs = attention_inputs(m, shape, layer(), q, g.table.page_table());
         let queries = PrefillQueries {
             indptr: g.q_indptr.slice(..),
             max_len: g.max_q,
         };
-        // Started while the gather ends: the gather writes only the pieces' queries.
+        // Started as the kernel before it ends where that kernel was launched as usual: the
+        // K/V store or the causal prefill before the first level, the gather. A later level
+        // in place follows the last level's merge, itself started early.
+        let early = i == 0 || level.in_place.is_none();
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         let out = &mut a.part_o;
-        prefill::prefill_attention_after_gather(gpu, &inputs, &queries, false, out, Some(lse))?;
+        prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, early, out, lse)?;
         if i == 0 {
             decode_rows(a, true)?;
         }
         let parts = PartialState {
-            o: a.part_o.slice(..n * qw),
-            lse: a.part_lse.slice(..n * hq),
+            o: a.part_o.slice(..pieces * n * qw),
+            lse: a.part_lse.slice(..pieces * n * hq),
         };
         let (mut out, mut lse) = (a.attn.slice_mut(..t * qw), a.lse.slice_mut(..t * hq));
-        let index = level.rows.slice(..n / level.pieces);
-        let (pieces, d) = (level.pieces, m.head_dim);
-        merge::merge_pieces_into(gpu, &mut out, &mut lse, &parts, pieces, &index, hq, d)?;
+        let d = m.head_dim;
+        merge::merge_pieces_into(gpu, &mut out, &mut lse, &parts, pieces, &level.rows, hq, d)?;
     }
     Ok(())
 }

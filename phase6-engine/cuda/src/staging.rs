@@ -43,6 +43,18 @@ struct PrefillRegions {
     max_q: usize,
 }
 
+/// Where a level's arrays are, with what its call needs to know on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LevelRegions {
+    /// Its distinct query rows.
+    rows: Region,
+    pieces: usize,
+    /// The first of its rows where they are one run of the step's
+    /// (`phase6_cuda_plan::Level::in_place`).
+    in_place: Option<usize>,
+    groups: PrefillRegions,
+}
+
 /// Where each array of a packed step is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -53,8 +65,7 @@ pub(crate) struct Layout {
     params: Region,
     decode: TableRegions,
     prefill: PrefillRegions,
-    /// Each level's gathered rows, its number of pieces, and its call.
-    levels: Vec<(Region, usize, PrefillRegions)>,
+    levels: Vec<LevelRegions>,
     /// Word ranges that hold data, merged where the gap between them is small.
     copies: Vec<(usize, usize)>,
     /// Words the layout spans, reserved room included.
@@ -155,12 +166,11 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
     let levels = plan
         .levels
         .iter()
-        .map(|level| {
-            (
-                p.push(level.rows.iter().copied(), 0),
-                level.pieces,
-                p.prefill(&level.groups),
-            )
+        .map(|level| LevelRegions {
+            rows: p.push(level.rows.iter().copied(), 0),
+            pieces: level.pieces,
+            in_place: level.in_place(),
+            groups: p.prefill(&level.groups),
         })
         .collect();
     let decode = p.table(&plan.decode, entry_capacity, true);
@@ -291,10 +301,11 @@ impl Staging {
             levels: layout
                 .levels
                 .iter()
-                .map(|(rows, pieces, groups)| LevelPart {
-                    rows: self.words(*rows),
-                    pieces: *pieces,
-                    groups: prefill(groups),
+                .map(|level| LevelPart {
+                    rows: self.words(level.rows),
+                    pieces: level.pieces,
+                    in_place: level.in_place,
+                    groups: prefill(&level.groups),
                 })
                 .collect(),
         }

@@ -311,6 +311,7 @@ fn cascade_equals_flat_attention_on_the_device() {
             seq(4, &[&system], 1, &mut pool),
         ];
         let batch = ForwardBatch { seqs };
+        // Rows: decodes 1 and 4, then prefills 0, 2 and 3: each group's rows are gathered.
         let groups = [
             SharedSegment {
                 seqs: vec![0, 1, 2, 4],
@@ -321,30 +322,62 @@ fn cascade_equals_flat_attention_on_the_device() {
                 segment: 1,
             },
         ];
-        assert_eq!(
-            plan_cascade(&batch),
-            groups,
-            "the plan the runners make themselves"
-        );
-        let reference = cpu.forward_planned(&batch, &groups).unwrap();
-        let on_flat = gpu.forward_planned(&batch, &[]).unwrap();
-        let on_cascade = gpu.forward(&batch).unwrap();
-        assert_eq!(gpu.cascade_stats().steps, 1);
-        let (rel, _) = errors(&on_cascade.data, &on_flat.data);
-        let (rel_cpu, abs_cpu) = errors(&on_cascade.data, &reference.data);
-        eprintln!(
-            "cascade vs flat ({}): relative {rel:.1e}; vs CPU: relative {rel_cpu:.1e}, max abs {abs_cpu:.1e}",
-            mode(eager)
-        );
-        assert!(rel < 1e-2, "cascade and flat differ by {rel:.2e}");
-        assert!(rel_cpu < LOGITS_REL_TOL, "cascade vs CPU {rel_cpu:.2e}");
-        for i in 0..reference.num_rows() {
-            let gap = sampler::top2_gap(reference.row(i));
-            if gap > 4.0 * abs_cpu {
-                let want = sampler::argmax(reference.row(i));
-                assert_eq!(sampler::argmax(on_cascade.row(i)), want, "row {i}");
-                assert_eq!(sampler::argmax(on_flat.row(i)), want, "row {i}");
-            }
+        check(&mut gpu, &mut cpu, &batch, &groups, eager);
+        // Decodes alone, as a batch of requests sharing a prompt: each group's rows are one
+        // run of the step's, read in place; the first level's call starts as the K/V store
+        // ends, the decode beside it, the second after the first's merge.
+        let seqs = vec![
+            seq(5, &[&system, &doc], 1, &mut pool),
+            seq(6, &[&system, &doc], 1, &mut pool),
+            seq(7, &[&system], 1, &mut pool),
+        ];
+        let groups = [
+            SharedSegment {
+                seqs: vec![0, 1, 2],
+                segment: 0,
+            },
+            SharedSegment {
+                seqs: vec![0, 1],
+                segment: 1,
+            },
+        ];
+        check(&mut gpu, &mut cpu, &ForwardBatch { seqs }, &groups, eager);
+    }
+}
+
+/// `batch` on the GPU with the cascade plan it makes (which must be `groups`) against flat
+/// attention on the GPU and the cascade on the CPU.
+fn check(
+    gpu: &mut CudaRunner,
+    cpu: &mut CascadeCpuRunner,
+    batch: &ForwardBatch,
+    groups: &[SharedSegment],
+    eager: bool,
+) {
+    assert_eq!(
+        plan_cascade(batch),
+        groups,
+        "the plan the runners make themselves"
+    );
+    let steps = gpu.cascade_stats().steps;
+    let reference = cpu.forward_planned(batch, groups).unwrap();
+    let on_flat = gpu.forward_planned(batch, &[]).unwrap();
+    let on_cascade = gpu.forward(batch).unwrap();
+    assert_eq!(gpu.cascade_stats().steps, steps + 1);
+    let (rel, _) = errors(&on_cascade.data, &on_flat.data);
+    let (rel_cpu, abs_cpu) = errors(&on_cascade.data, &reference.data);
+    eprintln!(
+        "cascade vs flat ({}): relative {rel:.1e}; vs CPU: relative {rel_cpu:.1e}, max abs {abs_cpu:.1e}",
+        mode(eager)
+    );
+    assert!(rel < 1e-2, "cascade and flat differ by {rel:.2e}");
+    assert!(rel_cpu < LOGITS_REL_TOL, "cascade vs CPU {rel_cpu:.2e}");
+    for i in 0..reference.num_rows() {
+        let gap = sampler::top2_gap(reference.row(i));
+        if gap > 4.0 * abs_cpu {
+            let want = sampler::argmax(reference.row(i));
+            assert_eq!(sampler::argmax(on_cascade.row(i)), want, "row {i}");
+            assert_eq!(sampler::argmax(on_flat.row(i)), want, "row {i}");
         }
     }
 }
