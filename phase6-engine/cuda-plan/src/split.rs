@@ -45,8 +45,8 @@ impl KvSplit {
     /// Pieces for `queries` query tokens over `tokens` unmasked tokens: as many as one wave of
     /// the prefill kernel's blocks holds, no piece under `min_tokens`, at most [`MAX_PIECES`];
     /// a power of two (the counts `cargo bench -p kernels --bench cascade` measures). KV of
-    /// less than three pieces' worth stays whole: the gather and the merge are two more
-    /// launches, which a short one pass does not pay back.
+    /// less than three pieces' worth stays whole: the pieces' partial results and their merge,
+    /// one more launch, which a short one pass does not pay back.
     pub fn pieces(&self, queries: usize, tokens: usize) -> usize {
         let min_tokens = self.min_tokens.max(1);
         if tokens / 3 < min_tokens {
@@ -66,10 +66,10 @@ impl KvSplit {
     /// [`Self::decode_beside`] (the CUDA runner starts their decode while the level's call
     /// runs, on the multiprocessors it leaves free) and filling the wave would cut pieces
     /// shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the
-    /// decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench cascade`: 64-256 requests, 4k-32k
-    /// shared tokens) this was the fastest count on 11 of the 12 cases and 8% from it on the
-    /// twelfth (256 x 8k: 4 parts, where 2 are faster); filling the wave was 6-21% slower on
-    /// six of them.
+    /// decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench
+    /// cascade`: 64-256 requests, 4k-32k shared tokens) this is the fastest count on 8 of the
+    /// 12 cases and 5-8% from it on the other four (4k tokens, and 256 x 8k); filling the wave
+    /// was 6-21% slower on six of them in an earlier build.
     pub fn pieces_beside(&self, queries: usize, tokens: usize) -> usize {
         let whole_wave = self.pieces(queries, tokens);
         if !self.decode_beside || whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS
