@@ -25,7 +25,9 @@ use crate::tma;
 /// Which rows of `q` belong to which sequence.
 #[derive(Debug)]
 pub struct PrefillQueries<'a> {
-    /// `i32[num_seqs + 1]`: the queries of sequence s are rows `indptr[s]..indptr[s+1]` of q.
+    /// `i32[num_seqs + 1]`: the queries of sequence s are rows `indptr[s]..indptr[s+1]` of the
+    /// call's output; the kernels read them from q at the same rows taken modulo q's rows
+    /// (the same rows, except in [`prefill_attention_pieces`], whose q holds one copy).
     pub indptr: CudaView<'a, i32>,
     /// The largest number of queries of one sequence (sizes the grid; known on the host).
     pub max_len: usize,
@@ -164,19 +166,23 @@ pub fn prefill_attention<C: CacheRead>(
 }
 
 /// The unmasked pass over the pieces of a KV cut apart (split-KV's and cascade's, merged by
-/// [`crate::merge`]): each sequence of `queries` is one piece, `inputs.q` holds the queries
-/// once for all `pieces`, and sequence `s` reads its rows from row `queries.indptr[s]` mod the
-/// rows of `inputs.q` (a piece's rows lie in one copy, as when piece `p` of a part is rows
-/// `p x rows..` of the call). Its outputs and log-sum-exp go to rows `queries.indptr[s]..` of
-/// `out` and `lse`: `pieces` times the rows of `inputs.q` in all. Reading the queries in place
-/// spares a gather that would repeat them once per piece, a kernel that the pass would wait on.
+/// [`crate::merge`]): each sequence of `queries` is one piece, and `inputs.q` holds exactly one
+/// copy of the queries, which every piece reads: sequence `s` reads its rows from row
+/// `queries.indptr[s]` mod the rows of `inputs.q`, so a piece's rows must lie in one copy (as
+/// when piece `p` of a part is rows `p x rows..` of the call). Its outputs and log-sum-exp go to
+/// rows `queries.indptr[s]..` of `out` and `lse`: `pieces` times the rows of `inputs.q` in all
+/// (`pieces` sizes the checks; the kernel needs only the indptr). Reading the queries in place
+/// spares a gather that would repeat them once per piece, a kernel the pass would wait on.
 ///
-/// With `early`, on Hopper the warp-specialized kernel's blocks start as the kernel before them
-/// ends: they read the page table and start their first K/V copies, then wait for that kernel
-/// before they read Q or write anything, and only then let a kernel after them start (cascade's
-/// decode beside the pass). So nothing that may still run as the call starts may write the
-/// page table or the K/V: the kernel before it, and any kernel that one was started beside
-/// (the CUDA runner's first level follows the K/V store, launched as usual).
+/// With `early` (it matters only on Hopper's warp-specialized kernel; the others are launched
+/// as usual), the blocks start as the kernel before them ends: they read the page table, the
+/// queries' indptr and the K/V slots of their first tiles, then wait for that kernel before
+/// they read Q, take more work or write anything, and only then let a kernel after them start
+/// (cascade's decode beside the pass, which reads the same queries). So no kernel that may
+/// still run as the call starts may write those: the kernel before, and any it let start
+/// early. In the CUDA runner that kernel is RoPE's K/V store, which writes only the step's new
+/// tokens' slots, none of which a level reads; the causal prefill; a gather; or the last level's
+/// merge.
 pub fn prefill_attention_pieces<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,

@@ -62,8 +62,8 @@ __device__ __forceinline__ void fold_state(float& m, float& total, float (&y)[8]
 // Pieces whose states a thread loads at once, before folding any of them in.
 #define MERGE_BATCH 8
 
-// Cascade with gathered queries, and split-KV: `pieces` partial states computed for gathered rows
-// (gathered row i is token index[i]; piece p's state of row i, head h is at
+// Cascade and split-KV: `pieces` partial states computed for a level's rows (its row i is
+// token index[i]; piece p's state of row i, head h is at
 // [(p * rows + i) * heads + h]) folded into the main state (o [T, H, D], lse [T, H]) in one pass.
 // Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered row, head): it keeps the
 // weighted sum in f32, so the result is rounded to bf16 once (a tree of pairwise merges rounds at

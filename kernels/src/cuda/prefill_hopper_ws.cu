@@ -241,8 +241,21 @@ struct WsProducer {
     const int* page_lens = nullptr;
     int num_entries = 0, kv_head = 0, q_hi = 0;
 
-    // The next untaken item, for every producer thread.
+    // Before the block first writes anything or reads Q: launched as a programmatic dependent
+    // of the kernel before (prefill_attention_pieces), the block has so far read its page
+    // table, the queries' indptr and K/V, and it now waits for that kernel; only then may the
+    // kernel after this one start (cascade's decode beside it reads the same queries).
+    // Launched as usual, the wait returns at once. Once a Q is loaded the block has waited.
+    __device__ __forceinline__ void wait_before_writing() {
+        if (qs > 0) return;
+        wait_for_previous_kernel();
+        let_next_kernel_start();
+    }
+
+    // The next untaken item, for every producer thread. The counter is shared with any grid
+    // of this kernel still running: a block waits for the kernel before it first.
     __device__ __forceinline__ int take_item() {
+        wait_before_writing();
         if (threadIdx.x == 0) s.next = gridDim.x + atomicAdd(&ws_next_item, 1u);
         producer_sync();
         const int item = warp_uniform(s.next);
@@ -346,15 +359,9 @@ struct WsProducer {
     // threads, the rows' addresses cost the producer 3 us an item, which the consumers waited
     // through.
     __device__ __forceinline__ void load_q(const HopperBlock& b) {
-        // The block's first Q: launched as a programmatic dependent of the kernel that writes
-        // it (prefill_attention_pieces), the block has read its page table and started its
-        // first K and V while that kernel ended; launched as usual, this returns at once. Only
-        // then may the kernel after this one start (cascade's decode beside it reads the same
-        // queries).
-        if (qs == 0) {
-            wait_for_previous_kernel();
-            let_next_kernel_start();
-        }
+        // The block's first Q: it has read its page table and started its first K and V while
+        // the kernel before ended.
+        wait_before_writing();
         const int qb = qs & 1;
         if (qs >= 2) mbarrier_wait(&s.q_empty[qb], ((qs >> 1) - 1) & 1);
         const int q_src = b.q0 % q_rows;  // pieces read the same rows of Q
@@ -381,6 +388,7 @@ struct WsProducer {
     // still hold it.
     __device__ __forceinline__ void walk(const WsItem& it, const HopperBlock& b) {
         if (it.num_tiles == 0) {
+            wait_before_writing();  // the consumers write the item's rows
             publish_alone(it);
             return;
         }

@@ -644,7 +644,9 @@ mod tests {
         /// Sequences behind 0-3 shared segments with 0-59 computed tokens of their own and
         /// 1-23 new ones: each reads every entry of its KV exactly once, in the causal call
         /// (a suffix of its KV, holding its new tokens) or in one piece of a level; a level's
-        /// rows are distinct, copied once per piece, and fit the gather buffers.
+        /// rows are distinct, each piece's lie in one copy of them, all pieces' outputs fit
+        /// the step's rows, and no level reads a slot the step stores (the CUDA runner starts
+        /// a level's call before the store has ended).
         #[test]
         fn every_sequence_reads_each_entry_of_its_kv_exactly_once(
             shared in proptest::collection::vec(1usize..120, 0..4),
@@ -697,7 +699,19 @@ mod tests {
                 prop_assert!(tokens as usize >= batch.seqs[i].tokens.len());
                 read[i].extend(causal);
             }
+            let stored: std::collections::HashSet<(i32, i32)> = plan
+                .slots
+                .chunks(2)
+                .map(|s| (s[0], s[1]))
+                .filter(|&(page, _)| page >= 0)
+                .collect();
             for level in &plan.levels {
+                let t = &level.groups.table;
+                for (&page, &len) in t.page_ids.iter().zip(&t.page_lens) {
+                    for offset in 0..len {
+                        prop_assert!(!stored.contains(&(page, offset)), "a level reads a new slot");
+                    }
+                }
                 let d = level.rows.len();
                 prop_assert!(level.pieces.is_power_of_two());
                 prop_assert!(level.pieces * d <= limits.max_tokens);

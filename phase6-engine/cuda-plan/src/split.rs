@@ -9,7 +9,7 @@
 //! cascade group's shared segment, and the part of a sequence's own KV that ends before its
 //! first new token (a registered context, a cached prefix, earlier chunks of a chunked
 //! prefill). Each is cut into pieces by page entries; one unmasked prefill call attends every
-//! piece of a level, the queries gathered once per piece, and
+//! piece of a level, every piece reading the same copy of the queries, and
 //! `kernels::merge::merge_pieces_into` folds the pieces into the causal part in one launch.
 
 use std::ops::Range;
@@ -36,7 +36,7 @@ pub struct KvSplit {
     /// writing a partial result and its share of the merges.
     pub min_tokens: usize,
     /// Whether a step's decode rows run beside its first level's call: the prefill kernel lets
-    /// a kernel launched after it start at once
+    /// a kernel launched after it start before it ends
     /// (`kernels::prefill::PrefillKernel::lets_dependents_start`).
     pub decode_beside: bool,
 }

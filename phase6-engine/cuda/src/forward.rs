@@ -695,13 +695,13 @@ fn attend<C: CacheRead>(
             indptr: g.q_indptr.slice(..),
             max_len: g.max_q,
         };
-        // Started as the kernel before it ends where that kernel was launched as usual: the
-        // K/V store or the causal prefill before the first level, the gather. A later level
-        // in place follows the last level's merge, itself started early.
-        let early = i == 0 || level.in_place.is_none();
+        // Started as the kernel before it ends (RoPE's K/V store, the causal prefill, the
+        // gather or the last level's merge): before waiting for it the call reads only its
+        // page table, indptr and K/V entries, which no kernel of the step writes (the store
+        // writes only new tokens' slots, which no level reads: the plan's property test).
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         let out = &mut a.part_o;
-        prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, early, out, lse)?;
+        prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, true, out, lse)?;
         if i == 0 {
             decode_rows(a, true)?;
         }
