@@ -322,75 +322,56 @@ fn cascade_equals_flat(config: &ModelConfig, weights: &Weights, model: &Model, t
                 sample: Some(SampleSpec::greedy()),
             }
         };
-        let seqs = vec![
-            seq(0, &[&system, &doc], 5, &mut pool),
-            seq(1, &[&system, &doc], 1, &mut pool),
-            seq(2, &[&system], 4, &mut pool),
-            seq(3, &[], 6, &mut pool),
-            seq(4, &[&system], 1, &mut pool),
-        ];
-        let batch = ForwardBatch { seqs };
         // Rows: decodes 1 and 4, then prefills 0, 2 and 3: each group's rows are gathered.
-        let groups = [
-            SharedSegment {
-                seqs: vec![0, 1, 2, 4],
-                segment: 0,
-            },
-            SharedSegment {
-                seqs: vec![0, 1],
-                segment: 1,
-            },
+        let batches = [
+            (
+                vec![
+                    seq(0, &[&system, &doc], 5, &mut pool),
+                    seq(1, &[&system, &doc], 1, &mut pool),
+                    seq(2, &[&system], 4, &mut pool),
+                    seq(3, &[], 6, &mut pool),
+                    seq(4, &[&system], 1, &mut pool),
+                ],
+                [group(&[0, 1, 2, 4], 0), group(&[0, 1], 1)],
+            ),
+            // Decodes alone, as a batch of requests sharing a prompt: each group's rows are one
+            // run of the step's, read in place by every piece; the decode runs beside the first
+            // level's call.
+            (
+                vec![
+                    seq(5, &[&system, &doc], 1, &mut pool),
+                    seq(6, &[&system, &doc], 1, &mut pool),
+                    seq(7, &[&system], 1, &mut pool),
+                ],
+                [group(&[0, 1, 2], 0), group(&[0, 1], 1)],
+            ),
+            // Two groups in one level: the second's queries start two rows into the copy.
+            (
+                vec![
+                    seq(8, &[&system], 1, &mut pool),
+                    seq(9, &[&system], 1, &mut pool),
+                    seq(10, &[&doc], 1, &mut pool),
+                    seq(11, &[&doc], 1, &mut pool),
+                ],
+                [group(&[0, 1], 0), group(&[2, 3], 0)],
+            ),
         ];
-        check(&mut gpu, &mut cpu, &batch, &groups, (eager, tol));
-        // Decodes alone, as a batch of requests sharing a prompt: each group's rows are one
-        // run of the step's, read in place by every piece; the decode runs beside the first
-        // level's call.
-        let seqs = vec![
-            seq(5, &[&system, &doc], 1, &mut pool),
-            seq(6, &[&system, &doc], 1, &mut pool),
-            seq(7, &[&system], 1, &mut pool),
-        ];
-        let groups = [
-            SharedSegment {
-                seqs: vec![0, 1, 2],
-                segment: 0,
-            },
-            SharedSegment {
-                seqs: vec![0, 1],
-                segment: 1,
-            },
-        ];
-        check(
-            &mut gpu,
-            &mut cpu,
-            &ForwardBatch { seqs },
-            &groups,
-            (eager, tol),
-        );
-        // Two groups in one level: the second's queries start two rows into the copy.
-        let seqs = vec![
-            seq(8, &[&system], 1, &mut pool),
-            seq(9, &[&system], 1, &mut pool),
-            seq(10, &[&doc], 1, &mut pool),
-            seq(11, &[&doc], 1, &mut pool),
-        ];
-        let groups = [
-            SharedSegment {
-                seqs: vec![0, 1],
-                segment: 0,
-            },
-            SharedSegment {
-                seqs: vec![2, 3],
-                segment: 0,
-            },
-        ];
-        check(
-            &mut gpu,
-            &mut cpu,
-            &ForwardBatch { seqs },
-            &groups,
-            (eager, tol),
-        );
+        for (seqs, groups) in batches {
+            check(
+                &mut gpu,
+                &mut cpu,
+                &ForwardBatch { seqs },
+                &groups,
+                (eager, tol),
+            );
+        }
+    }
+}
+
+fn group(seqs: &[usize], segment: usize) -> SharedSegment {
+    SharedSegment {
+        seqs: seqs.to_vec(),
+        segment,
     }
 }
 
