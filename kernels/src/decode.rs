@@ -159,9 +159,9 @@ fn best_kernel<C: CacheRead>(gpu: &Gpu, inputs: &AttentionInputs<'_, C>) -> Resu
 /// `slot_indptr` is the host's copy of the table's `slot_indptr`: with it the call launches
 /// the merge of the blocks' pieces only where some sequence's slots are shared by two blocks,
 /// or a sequence has none (cascade's own pages of 64 tokens at 64 or 128 requests: neither),
-/// since that launch stands between the prefix's pass and the merge of its parts. The decision is taken on the
-/// host at the call, so a call recorded into a CUDA graph, replayed over other lengths, must
-/// not come through here.
+/// since that launch stands between the prefix's pass and the merge of its parts. The
+/// decision is taken on the host at the call, so a call recorded into a CUDA graph, replayed
+/// over other lengths, must not come through here.
 pub fn decode_attention_beside<C: CacheRead>(
     gpu: &Gpu,
     inputs: &AttentionInputs<'_, C>,
