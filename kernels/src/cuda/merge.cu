@@ -38,19 +38,11 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
     if (lse_out != nullptr && i % chunks == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
 }
 
-// Folds one state (its log-sum-exp l and its chunk of output) into a running one (m, total, y):
-// FlashInfer's merge_state taken one state at a time, the running maximum m rescaling what is
-// summed so far. An empty state (l = -inf) weighs nothing.
-__device__ __forceinline__ void fold_state(float& m, float& total, float (&y)[8], float l,
-                                           uint4 chunk) {
-    if (l == neg_inf()) return;
-    if (l > m) {
-        const float s = expf(m - l);  // 0 while nothing is summed (m = -inf)
-        total *= s;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) y[k] *= s;
-        m = l;
-    }
+// Adds one state (its log-sum-exp l and its chunk of output) to a running sum (total, y) kept
+// relative to a maximum m that is at least l: FlashInfer's merge_state over many states at once.
+// An empty state (l = -inf) weighs nothing.
+__device__ __forceinline__ void add_state(float m, float& total, float (&y)[8], float l,
+                                          uint4 chunk) {
     const float w = expf(l - m);
     float b[8];
     chunk_to_float(chunk, b);
@@ -59,22 +51,26 @@ __device__ __forceinline__ void fold_state(float& m, float& total, float (&y)[8]
     total += w;
 }
 
-// Pieces whose states a thread loads at once, before folding any of them in.
-#define MERGE_BATCH 8
+// Pieces whose states a thread loads at once, before adding any of them.
+#define MERGE_BATCH 16
 
 // Cascade and split-KV: `pieces` partial states computed for a level's rows (its row i is
 // token index[i]; piece p's state of row i, head h is at
 // [(p * rows + i) * heads + h]) folded into the main state (o [T, H, D], lse [T, H]) in one pass.
-// Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered row, head): it keeps the
-// weighted sum in f32, so the result is rounded to bf16 once (a tree of pairwise merges rounds at
-// every level, and takes a launch a level). It loads the main state and up to MERGE_BATCH pieces'
-// lse and chunks before folding any in: loaded one piece after the other, each load waiting for the
-// fold before it, 8 pieces had taken 5.7 us on an H100 (the log's "Cascade at small batches"). The
-// threads of a row are one warp's neighbours: all of them read the row's old lse before its first
-// chunk's thread rewrites it. On Hopper it is a programmatic dependent launch: its blocks may start
-// while the kernel before it ends, read their rows' indices (written before that kernel) and wait
-// for it before touching the states; every thread waits, since later work on the stream waits for
-// this kernel only.
+// Indices at or past `out_rows` are skipped. One thread per 16-byte chunk of a (gathered row,
+// head): it keeps the weighted sum in f32, so the result is rounded to bf16 once (a tree of
+// pairwise merges rounds at every level, and takes a launch a level). It loads the main state and
+// up to MERGE_BATCH pieces' lse and chunks, takes their largest lse, rescales what it summed
+// before once, and then weighs every state of the batch on its own. Loaded one piece after the
+// other, each load waiting for the fold before it, 8 pieces had taken 5.7 us on an H100 (the
+// log's "Cascade at small batches"); folded one at a time, each rescaling the sum when its lse
+// was the largest so far, every piece's weight waited for the one before, and 16 pieces took
+// two batches of 8: the split cascade was 1-2 us slower (the log's "A merge of sixteen pieces at
+// once"). The threads of a row are one warp's neighbours: all of them read the row's old lse
+// before its first chunk's thread rewrites it. On Hopper it is a programmatic dependent launch:
+// its blocks may start while the kernel before it ends, read their rows' indices (written before
+// that kernel) and wait for it before touching the states; every thread waits, since later work
+// on the stream waits for this kernel only.
 extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __restrict__ lse,
                                              const bf16* __restrict__ o_parts,
                                              const float* __restrict__ lse_parts,
@@ -91,24 +87,38 @@ extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __rest
     const size_t dst = (size_t)token * heads + row % heads;
     float m = neg_inf(), total = 0.f;
     float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (live) {
-        const float la = lse[dst];
-        const uint4 ca = reinterpret_cast<const uint4*>(o + dst * head_dim)[c];
-        for (int p0 = 0; p0 < pieces; p0 += MERGE_BATCH) {
-            float l[MERGE_BATCH];
-            uint4 b[MERGE_BATCH];
-#pragma unroll
-            for (int k = 0; k < MERGE_BATCH; ++k) {
-                const size_t at = (p0 + k) * stride + row;
-                const bool here = p0 + k < pieces;
-                l[k] = here ? lse_parts[at] : neg_inf();
-                b[k] = here ? reinterpret_cast<const uint4*>(o_parts + at * head_dim)[c]
-                            : make_uint4(0, 0, 0, 0);
-            }
-            if (p0 == 0) fold_state(m, total, y, la, ca);
-#pragma unroll
-            for (int k = 0; k < MERGE_BATCH; ++k) fold_state(m, total, y, l[k], b[k]);
+    for (int p0 = 0; live && p0 < pieces; p0 += MERGE_BATCH) {
+        // The main state comes with the first batch.
+        float la = neg_inf();
+        uint4 ca = make_uint4(0, 0, 0, 0);
+        if (p0 == 0) {
+            la = lse[dst];
+            ca = reinterpret_cast<const uint4*>(o + dst * head_dim)[c];
         }
+        float l[MERGE_BATCH];
+        uint4 b[MERGE_BATCH];
+#pragma unroll
+        for (int k = 0; k < MERGE_BATCH; ++k) {
+            const size_t at = (p0 + k) * stride + row;
+            const bool here = p0 + k < pieces;
+            l[k] = here ? lse_parts[at] : neg_inf();
+            b[k] = here ? reinterpret_cast<const uint4*>(o_parts + at * head_dim)[c]
+                        : make_uint4(0, 0, 0, 0);
+        }
+        float top = la;
+#pragma unroll
+        for (int k = 0; k < MERGE_BATCH; ++k) top = fmaxf(top, l[k]);
+        if (top == neg_inf()) continue;  // the whole batch is empty
+        if (top > m) {
+            const float s = expf(m - top);  // 0 while nothing is summed (m = -inf)
+            total *= s;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) y[k] *= s;
+            m = top;
+        }
+        add_state(m, total, y, la, ca);
+#pragma unroll
+        for (int k = 0; k < MERGE_BATCH; ++k) add_state(m, total, y, l[k], b[k]);
     }
     __syncwarp();  // every thread of the row has read its old lse
     if (total == 0.f) return;  // no state weighs anything (or the row is skipped)
