@@ -703,10 +703,10 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
 // for 7 blocks an SM: left to itself ptxas gives the bf16 kernel 93-96 registers (5 blocks),
 // where 72 hold it without spills, as they did before the kernel shared its walk with the
 // bulk-copy one. Two heads a block ask for 5: with the page table read a unit ahead, ptxas
-// takes 124 registers (4 blocks), 2-3% faster on 64 sequences of 1,024 tokens and 1-2% slower on
-// 32-64 serving sequences on an H100; 96 hold them without spills, and no case is slower than
-// before the entries were read ahead. (Asking for 1 block an SM moves ptxas's target the other
-// way: 141 registers at two heads; the larger groups name none.)
+// takes 124 registers (4 blocks), 2-3% faster on 64 sequences of 1,024 tokens and up to 1.3%
+// slower on 32-64 serving sequences on an H100; 96 hold them without spills, and no case is
+// slower than before the entries were read ahead. (Asking for 1 block an SM moves ptxas's
+// target the other way: 141 registers at two heads; the larger groups name none.)
 #define DECODE_BOUNDS_1 __launch_bounds__(DECODE_WARPS * 32, 7)
 #define DECODE_BOUNDS_2 __launch_bounds__(DECODE_WARPS * 32, 5)
 #define DECODE_BOUNDS_4 __launch_bounds__(DECODE_WARPS * 32)
