@@ -1001,8 +1001,8 @@ fn split_kv_pieces_merged_equal_one_pass() {
         )
     };
     // Piece i reads entries i * E / P .. (i + 1) * E / P: with 32 pieces, 8 are empty; 12 are
-    // merged in a full and a partial batch of the merge's loads. The pieces' page table and
-    // their queries' indptr.
+    // merged in one partial batch of the merge's loads, 20 in a full one and a partial one. The
+    // pieces' page table and their queries' indptr.
     let cut = |pieces: usize| {
         let mut table = HostPageTable::new(ps);
         for i in 0..pieces {
@@ -1037,7 +1037,7 @@ fn split_kv_pieces_merged_equal_one_pass() {
         download(&gpu, &o, &lse)
     };
     for (kernel, (one_out, _)) in &one_pass {
-        for pieces in [1, 3, 4, 12, 32] {
+        for pieces in [1, 3, 4, 12, 20, 32] {
             // Every piece reads the one copy of the queries.
             let (table, indptr) = cut(pieces);
             let queries = PrefillQueries {

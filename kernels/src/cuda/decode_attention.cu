@@ -699,20 +699,26 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
     if (lse != nullptr && lane == 0) lse[row] = mx + logf(total);
 }
 
-// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16). One head a block asks
-// for 7 blocks an SM: left to itself ptxas gives the bf16 kernel 93-96 registers (5 blocks),
-// where 72 hold it without spills, as they did before the kernel shared its walk with the
-// bulk-copy one. Two heads a block ask for 5: with the page table read a unit ahead, ptxas
-// takes 124 registers (4 blocks), 2-3% faster on 64 sequences of 1,024 tokens and up to 1.3%
-// slower on 32-64 serving sequences on an H100; 96 hold them without spills, and no case is
-// slower than before the entries were read ahead. (Asking for 1 block an SM moves ptxas's
-// target the other way: 141 registers at two heads; the larger groups name none.)
-#define DECODE_BOUNDS_1 __launch_bounds__(DECODE_WARPS * 32, 7)
-#define DECODE_BOUNDS_2 __launch_bounds__(DECODE_WARPS * 32, 5)
-#define DECODE_BOUNDS_4 __launch_bounds__(DECODE_WARPS * 32)
-#define DECODE_BOUNDS_8 __launch_bounds__(DECODE_WARPS * 32)
+// `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16). The blocks an SM each
+// kernel asks for (its registers), by q heads a block and cache element. One head asks for 7: it
+// was named when ptxas, left to itself, gave the bf16 kernel 93-96 registers (5 blocks) where 72
+// hold it without spills (since the page table is read ahead it takes 72 unasked). Two heads
+// over bf16 ask for 5: with the page table read a unit ahead ptxas takes 124 registers (4
+// blocks), 2.5-3.4% faster on 64 sequences of 1,024 tokens and 0.7-1.7% slower on 32-64
+// serving sequences on an H100; 96 hold them without spills, as before the entries were read
+// ahead, and no case measured there is slower than before. Two heads over FP8 name none: asked
+// for 5, ptxas gives them more registers, not fewer (and asking for 1 block gives the bf16
+// kernel 139). The larger groups name none.
+#define DECODE_BOUNDS_1_KvBf16 __launch_bounds__(DECODE_WARPS * 32, 7)
+#define DECODE_BOUNDS_1_KvFp8 __launch_bounds__(DECODE_WARPS * 32, 7)
+#define DECODE_BOUNDS_2_KvBf16 __launch_bounds__(DECODE_WARPS * 32, 5)
+#define DECODE_BOUNDS_2_KvFp8 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_4_KvBf16 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_4_KvFp8 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_8_KvBf16 __launch_bounds__(DECODE_WARPS * 32)
+#define DECODE_BOUNDS_8_KvFp8 __launch_bounds__(DECODE_WARPS * 32)
 #define DECODE_KV(NAME, D, GH, KV)                                                             \
-    extern "C" __global__ void DECODE_BOUNDS_##GH NAME(                                        \
+    extern "C" __global__ void DECODE_BOUNDS_##GH##_##KV NAME(                                 \
         const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* kv_indptr,       \
         const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
         float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \

@@ -40,9 +40,10 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
 
 // Adds one state (its log-sum-exp l and its chunk of output) to a running sum (total, y) kept
 // relative to a maximum m that is at least l: FlashInfer's merge_state over many states at once.
-// An empty state (l = -inf) weighs nothing.
+// An empty state (l = -inf) weighs nothing, whatever its chunk holds.
 __device__ __forceinline__ void add_state(float m, float& total, float (&y)[8], float l,
                                           uint4 chunk) {
+    if (l == neg_inf()) return;
     const float w = expf(l - m);
     float b[8];
     chunk_to_float(chunk, b);
@@ -117,8 +118,7 @@ extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __rest
             m = top;
         }
         add_state(m, total, y, la, ca);
-        // The same count for every thread: a batch of fewer pieces skips the rest's arithmetic
-        // (weighing 16 states for 2 pieces had cost the split cascade 1-4 us).
+        // The same count for every thread: a batch of fewer pieces adds only its own.
 #pragma unroll
         for (int k = 0; k < MERGE_BATCH; ++k)
             if (p0 + k < pieces) add_state(m, total, y, l[k], b[k]);
