@@ -8,8 +8,9 @@
 //! its own pages with the decode kernel, and the two partial results are merged by
 //! log-sum-exp. A small batch has too few query tiles to fill the GPU, so the "split" variant
 //! also cuts the prefix into parts attended in parallel (each reading the batch's queries in
-//! place) and merges the parts in one launch, as the CUDA runner does, the decode of the
-//! requests' own pages started beside the prefix's pass; the table
+//! place), as the CUDA runner does, the decode of the requests' own pages started beside the
+//! prefix's pass and folding the parts into its rows (or, where it cannot, the parts merged
+//! after it in one launch); the table
 //! shows the fastest count of parts (2 to 32), and a third table every count. Times are device
 //! times between CUDA events, the median of 15 batches of 10 calls. Without a GPU it says so
 //! and exits.
@@ -23,7 +24,9 @@
 mod common;
 
 use common::{fill, time};
-use kernels::decode::{DecodeWorkspace, decode_attention, decode_attention_beside};
+use kernels::decode::{
+    DecodeWorkspace, decode_attention, decode_attention_beside, decode_attention_folding,
+};
 use kernels::merge::{PartialState, merge_pieces_into};
 use kernels::paged::{AttentionInputs, CacheShape, DevicePageTable, HostPageTable};
 use kernels::prefill::{PrefillQueries, prefill_attention, prefill_attention_pieces};
@@ -172,8 +175,9 @@ fn flat(gpu: &Gpu, cache: &Cache, batch: usize, q: &CudaSlice<bf16>) -> (f64, Ve
 
 /// Cascade: the prefix in `parts` parallel pieces for all queries, the suffixes by decode, and
 /// log-sum-exp merges, launched as the CUDA runner launches them: one unmasked prefill call
-/// attends every part, each reading the queries in place, the decode of the suffixes starts
-/// beside it, and the parts merge into the suffixes' result.
+/// attends every part, each reading the queries in place, and the decode of the suffixes starts
+/// beside it, folding the parts into its rows; where it cannot (a request's own pages shared by
+/// two of its blocks), the parts merge into its result after it.
 fn cascade(
     gpu: &Gpu,
     cache: &Cache,
@@ -201,16 +205,33 @@ fn cascade(
 
     let mut run = || {
         shared.attend(gpu, cache, q);
-        decode_attention_beside(
+        let parts = PartialState {
+            o: shared.o.as_view(),
+            lse: shared.lse.as_view(),
+        };
+        let folded = decode_attention_folding(
             gpu,
             &own_inputs,
             &mut ws,
             &mut o,
             Some(&mut lse),
             &own_slots,
+            &parts,
+            shared.pieces,
         )
         .unwrap();
-        shared.merge_into(gpu, &mut o, &mut lse);
+        if !folded {
+            decode_attention_beside(
+                gpu,
+                &own_inputs,
+                &mut ws,
+                &mut o,
+                Some(&mut lse),
+                &own_slots,
+            )
+            .unwrap();
+            shared.merge_into(gpu, &mut o, &mut lse);
+        }
     };
     let secs = time(gpu, &mut run);
     (secs, gpu.download(&o).unwrap())

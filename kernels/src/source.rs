@@ -17,6 +17,7 @@ pub enum Source {
     PrefillHopper,
     PrefillHopperWs,
     DecodeAttention,
+    DecodeFolding,
     Merge,
     SiluMul,
     Sampling,
@@ -26,7 +27,7 @@ pub enum Source {
 }
 
 impl Source {
-    pub const ALL: [Source; 13] = [
+    pub const ALL: [Source; 14] = [
         Source::GatherRows,
         Source::RmsNorm,
         Source::RopeStore,
@@ -34,6 +35,7 @@ impl Source {
         Source::PrefillHopper,
         Source::PrefillHopperWs,
         Source::DecodeAttention,
+        Source::DecodeFolding,
         Source::Merge,
         Source::SiluMul,
         Source::Sampling,
@@ -50,7 +52,7 @@ impl Source {
             Source::PrefillAttention => "prefill_attention.cu",
             Source::PrefillHopper => "prefill_hopper.cu",
             Source::PrefillHopperWs => "prefill_hopper_ws.cu",
-            Source::DecodeAttention => "decode_attention.cu",
+            Source::DecodeAttention | Source::DecodeFolding => "decode_attention.cu",
             Source::Merge => "merge.cu",
             Source::SiluMul => "silu_mul.cu",
             Source::Sampling => "sampling.cu",
@@ -68,7 +70,9 @@ impl Source {
             Source::PrefillAttention => include_str!("cuda/prefill_attention.cu"),
             Source::PrefillHopper => include_str!("cuda/prefill_hopper.cu"),
             Source::PrefillHopperWs => include_str!("cuda/prefill_hopper_ws.cu"),
-            Source::DecodeAttention => include_str!("cuda/decode_attention.cu"),
+            Source::DecodeAttention | Source::DecodeFolding => {
+                include_str!("cuda/decode_attention.cu")
+            }
             Source::Merge => include_str!("cuda/merge.cu"),
             Source::SiluMul => include_str!("cuda/silu_mul.cu"),
             Source::Sampling => include_str!("cuda/sampling.cu"),
@@ -79,13 +83,16 @@ impl Source {
     }
 
     /// The text NVRTC compiles: the shared helpers, those of the tensor-core kernels where
-    /// used, the file.
+    /// used, the file. The decode's file is compiled twice: its folding kernels, which only
+    /// cascade attention runs, as a module of their own, so that a decode alone does not wait
+    /// for them to compile.
     pub fn text(self) -> String {
         let helpers: &[&str] = match self {
             Source::PrefillAttention => &[MMA, PAGE_TILES],
             Source::PrefillHopper => &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION],
             Source::PrefillHopperWs => &[MMA, PAGE_TILES, WGMMA, HOPPER_ATTENTION, MBARRIER],
             Source::DecodeAttention => &[MBARRIER],
+            Source::DecodeFolding => &[MBARRIER, "#define DECODE_FOLDING"],
             _ => &[],
         };
         format!("{COMMON}\n{}\n{}", helpers.join("\n"), self.body())

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use kernels::decode::{
     DecodeKernel, DecodeWorkspace, MIN_RANGE, decode_attention, decode_attention_beside,
-    decode_attention_on,
+    decode_attention_folding, decode_attention_on,
 };
 use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into, merge_state};
@@ -469,6 +469,19 @@ fn prefill_many_items_a_block_with_empty_sequences() {
     }
 }
 
+/// The FP8 codes of cache values `xs` at `scale`, each value replaced by the one its code stands
+/// for (what the reference then reads). Poisoned slots stay NaN codes: a kernel reading one
+/// poisons its output.
+fn quantize(xs: &mut [bf16], scale: f32) -> Vec<u8> {
+    xs.iter_mut()
+        .map(|x| {
+            let code = e4m3::encode(x.to_f32() / scale);
+            *x = bf16::from_f32(e4m3::decode(code) * scale);
+            code
+        })
+        .collect()
+}
+
 /// An FP8 cache: the codes of the K/V values (scales 1/4 and 1/2), read by the kernels as
 /// `code * scale`, give the reference computed on the decoded values, by prefill (causal and
 /// not) and decode, over partly filled pages and GQA groups.
@@ -487,17 +500,6 @@ fn fp8_cache_attention_matches_reference_on_the_decoded_values() {
                 .sum::<usize>()
                 + 2;
             let mut p = problem(&mut rng, shape(d, hkv, ps, pages), hq, &segs);
-            // Codes of the values; the reference reads the values they stand for. (Poisoned
-            // slots stay NaN codes: a kernel reading one poisons its output.)
-            let quantize = |xs: &mut Vec<bf16>, scale: f32| -> Vec<u8> {
-                xs.iter_mut()
-                    .map(|x| {
-                        let code = e4m3::encode(x.to_f32() / scale);
-                        *x = bf16::from_f32(e4m3::decode(code) * scale);
-                        code
-                    })
-                    .collect()
-            };
             let k_codes = gpu.upload(&quantize(&mut p.cache.k, k_scale)).unwrap();
             let v_codes = gpu.upload(&quantize(&mut p.cache.v, v_scale)).unwrap();
             let q = gpu.upload(&p.q).unwrap();
@@ -882,6 +884,189 @@ fn cascade_partials_merged_equal_flat_attention() {
             );
         }
     }
+}
+
+/// Cascade's decode rows with the level's parts folded in by the decode (as the CUDA runner
+/// launches it, beside the level's unmasked pass over the shared prefix in pieces): flat
+/// attention back, over bf16 and FP8 caches, GQA groups of 1 to 8 heads a block, empty pieces
+/// (more pieces than the prefix has entries) and parts poisoned until the pass writes them. A
+/// request whose own pages the decode's blocks share cannot fold: the call launches nothing
+/// and says so, and the decode beside the pass and the merge give the same result.
+#[test]
+fn decode_folding_a_levels_parts_equals_flat_attention() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng::new(37);
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        Vec<usize>,
+        Vec<usize>,
+        bool,
+    );
+    let cases: [Case; 6] = [
+        // (d, hq, hkv, page, prefix, own tokens, pieces, fp8)
+        (
+            128,
+            16,
+            8,
+            16,
+            700,
+            vec![50, 64, 33, 7],
+            vec![1, 5, 16],
+            false,
+        ),
+        (64, 8, 8, 16, 300, vec![1, 20, 64], vec![3, 40], false),
+        (128, 32, 4, 256, 1000, vec![64, 9], vec![2, 7], false),
+        (32, 4, 2, 16, 200, vec![30, 60, 2, 12, 64], vec![4], false),
+        (128, 16, 8, 16, 500, vec![40, 64, 17], vec![6], true),
+        (128, 16, 8, 16, 300, vec![100, 5], vec![3], false),
+    ];
+    for (d, hq, hkv, ps, prefix_len, own_lens, piece_counts, fp8) in cases {
+        let pages =
+            prefix_len.div_ceil(ps) + own_lens.iter().map(|n| n.div_ceil(ps)).sum::<usize>();
+        let mut cache = Cache::new(shape(d, hkv, ps, pages), &mut rng);
+        let prefix = cache.segment(prefix_len, &mut rng);
+        let own: Vec<SeqKv> = own_lens
+            .iter()
+            .map(|&n| cache.segment(n, &mut rng))
+            .collect();
+        let flat: Vec<SeqKv> = own.iter().map(|o| SeqKv::concat(&[&prefix, o])).collect();
+        let n = own.len();
+        let mut p = Problem {
+            hq,
+            q: to_bf16(&rng.normals(n * hq * d, 1.0)),
+            cache,
+            seqs: flat.clone(),
+            q_lens: vec![1; n],
+        };
+        let (k_scale, v_scale) = (0.25f32, 0.5f32);
+        let codes = fp8.then(|| {
+            (
+                gpu.upload(&quantize(&mut p.cache.k, k_scale)).unwrap(),
+                gpu.upload(&quantize(&mut p.cache.v, v_scale)).unwrap(),
+            )
+        });
+        let dev = upload(&gpu, &p);
+        let (want, want_lse) = p.reference(&flat, true);
+        let host_own = p.table(&own);
+        let own_table = host_own.upload(&gpu).unwrap();
+        let slots = host_own.slot_indptr();
+        let entries = prefix.entries.len();
+        for pieces in piece_counts {
+            let mut table = HostPageTable::new(ps);
+            for i in 0..pieces {
+                let range = i * entries / pieces..(i + 1) * entries / pieces;
+                table.push_seq(prefix.entries[range].iter().copied());
+            }
+            let table = table.upload(&gpu).unwrap();
+            let indptr: Vec<i32> = (0..=pieces).map(|i| (i * n) as i32).collect();
+            let indptr = gpu.upload(&indptr).unwrap();
+            let queries = PrefillQueries {
+                indptr: indptr.as_view(),
+                max_len: n,
+            };
+            let mut parts_o = gpu.upload(&poison_bf16(pieces * n * hq * d)).unwrap();
+            let mut parts_lse = gpu.upload(&poison_f32(pieces * n * hq)).unwrap();
+            let mut o = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
+            let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
+            let mut ws = DecodeWorkspace::new(&gpu, d).unwrap();
+            let name = format!(
+                "folding d{d} group{} page{ps} fp8={fp8} in {pieces} pieces",
+                hq / hkv
+            );
+            let folded = match &codes {
+                None => {
+                    let cache = (dev.k.as_view(), dev.v.as_view());
+                    let level = p.inputs(cache, &dev.q, &table);
+                    let (po, pl) = (&mut parts_o, &mut parts_lse);
+                    prefill_attention_pieces(&gpu, &level, &queries, pieces, true, po, pl).unwrap();
+                    let own_inputs =
+                        p.inputs((dev.k.as_view(), dev.v.as_view()), &dev.q, &own_table);
+                    fold_or_merge(
+                        &gpu,
+                        &own_inputs,
+                        &mut ws,
+                        (&mut o, &mut lse),
+                        &slots,
+                        (&parts_o, &parts_lse),
+                        pieces,
+                    )
+                }
+                Some((k_codes, v_codes)) => {
+                    let cache = || {
+                        (
+                            Fp8Cache {
+                                codes: k_codes.as_view(),
+                                scale: k_scale,
+                            },
+                            Fp8Cache {
+                                codes: v_codes.as_view(),
+                                scale: v_scale,
+                            },
+                        )
+                    };
+                    let level = p.inputs(cache(), &dev.q, &table);
+                    let (po, pl) = (&mut parts_o, &mut parts_lse);
+                    prefill_attention_pieces(&gpu, &level, &queries, pieces, true, po, pl).unwrap();
+                    let own_inputs = p.inputs(cache(), &dev.q, &own_table);
+                    fold_or_merge(
+                        &gpu,
+                        &own_inputs,
+                        &mut ws,
+                        (&mut o, &mut lse),
+                        &slots,
+                        (&parts_o, &parts_lse),
+                        pieces,
+                    )
+                }
+            };
+            // Own pages of at most 64 tokens each fit one block's range; 100 do not.
+            assert_eq!(folded, own_lens.iter().all(|&l| l <= 64), "{name}: folded");
+            let (out, out_lse) = download(&gpu, &o, &lse);
+            assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
+        }
+    }
+}
+
+/// The decode of `inputs` folding the level's `pieces` parts (`parts`) into `(o, lse)`, or where
+/// it cannot, the decode beside the level's pass and the merge; whether it folded.
+fn fold_or_merge<C: CacheRead>(
+    gpu: &Gpu,
+    inputs: &AttentionInputs<'_, C>,
+    ws: &mut DecodeWorkspace,
+    (o, lse): (&mut CudaSlice<bf16>, &mut CudaSlice<f32>),
+    slots: &[i32],
+    (parts_o, parts_lse): (&CudaSlice<bf16>, &CudaSlice<f32>),
+    pieces: usize,
+) -> bool {
+    let parts = PartialState {
+        o: parts_o.as_view(),
+        lse: parts_lse.as_view(),
+    };
+    let folded =
+        decode_attention_folding(gpu, inputs, ws, o, Some(&mut *lse), slots, &parts, pieces)
+            .unwrap();
+    if !folded {
+        decode_attention_beside(gpu, inputs, ws, o, Some(&mut *lse), slots).unwrap();
+        let rows = inputs.table.num_seqs();
+        let index = gpu.upload(&(0..rows as u32).collect::<Vec<_>>()).unwrap();
+        let hq = inputs.num_q_heads;
+        merge_pieces_into(
+            gpu,
+            o,
+            lse,
+            &parts,
+            pieces,
+            &index,
+            hq,
+            inputs.cache.head_dim,
+        )
+        .unwrap();
+    }
+    folded
 }
 
 /// Folding one partial state into gathered rows in place equals merge_state on those rows, and

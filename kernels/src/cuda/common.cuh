@@ -54,6 +54,45 @@ __device__ __forceinline__ uint4 float_to_chunk(const float v[8]) {
     return c;
 }
 
+// Adds one state (its log-sum-exp l and its chunk of output) to a running sum (total, y) kept
+// relative to a maximum m that is at least l: FlashInfer's merge_state over many states at once.
+// An empty state (l = -inf) weighs nothing, whatever its chunk holds.
+__device__ __forceinline__ void add_state(float m, float& total, float (&y)[8], float l,
+                                          uint4 chunk) {
+    if (l == neg_inf()) return;
+    const float w = expf(l - m);
+    float b[8];
+    chunk_to_float(chunk, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y[k] += w * b[k];
+    total += w;
+}
+
+// Adds N states loaded together (empty ones have l = -inf) to the running sum (m, total, y): the
+// sum is rescaled once, to their largest lse if that is above m, and then every state is weighed
+// on its own (folded one at a time, each rescaling the sum when its lse was the largest so far,
+// every weight waited for the one before). `count` states are added, the same number for every
+// thread of a warp.
+template <int N>
+__device__ __forceinline__ void add_states(float& m, float& total, float (&y)[8],
+                                           const float (&l)[N], const uint4 (&chunk)[N],
+                                           int count) {
+    float top = m;
+#pragma unroll
+    for (int k = 0; k < N; ++k) top = fmaxf(top, l[k]);
+    if (top == neg_inf()) return;  // all of them empty
+    if (top > m) {
+        const float s = expf(m - top);  // 0 while nothing is summed (m = -inf)
+        total *= s;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] *= s;
+        m = top;
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        if (k < count) add_state(m, total, y, l[k], chunk[k]);
+}
+
 // How the paged KV cache holds an element: bf16, or an FP8 E4M3 code of value / scale (the
 // "fn" variant: no infinities, saturating at +-448, round to nearest even), read back as
 // code * scale. A kernel templated on one of these reads and writes either cache.

@@ -40,7 +40,9 @@
 // beside a kernel whose memory it does not touch (end_after_previous_kernel below); launched
 // so, with the host's copy of the segment layout, it is followed by the merge only where some
 // segment is cut or empty (cascade's own pages, whose merge would otherwise stand empty between
-// the shared prefix's pass and the merge of its parts).
+// the shared prefix's pass and the merge of its parts). Where no segment is cut, the folding
+// kernels also fold that pass's parts into the rows they write (LevelParts below), so that no
+// merge of the parts waits after the decode's last blocks.
 
 #define DECODE_WARPS 4
 #define DECODE_UNROLL 4
@@ -295,23 +297,109 @@ struct DecodeRows {
     }
 };
 
+// Where each attending thread of a folding kernel leaves its share of a cascade level's parts
+// (fold_level_parts); nothing in the other kernels.
+template <bool FOLD>
+struct FoldSlots {};
+template <>
+struct FoldSlots<true> {
+    __align__(16) float fold_y[DECODE_WARPS * 32][8];
+    float fold_m[DECODE_WARPS * 32], fold_total[DECODE_WARPS * 32];
+};
+
 // Where the warps of a block merge their states.
-template <int D, int GH>
-struct DecodeMerge {
+template <int D, int GH, bool FOLD>
+struct DecodeMerge : FoldSlots<FOLD> {
     float m[DECODE_WARPS][GH], l[DECODE_WARPS][GH];
     __align__(16) float acc[DECODE_WARPS][GH][D];
 };
 
+// A cascade level's parts, computed by the kernel queued before this one (the level's pass over
+// its shared pages) for the decode's own rows: piece p's state of row r is at [p * stride + r].
+// The decode's folding kernels fold them into every row they write, so that no merge launch waits
+// after them (decode_attention_folding, kernels/src/decode.rs; the host asks for it only where
+// every block writes its segments whole).
+struct LevelParts {
+    const bf16* o;
+    const float* lse;
+    int pieces, stride;
+};
+
+// The attending threads split a segment's rows into (head, chunk) pairs and the parts into
+// groups: thread t sums pair t % PAIRS over every GROUPS-th part from t / PAIRS, FOLD_BATCH parts
+// loaded at once, into its slot of `sm` (the row's running maximum of lse, sum of weights and
+// weighted output chunk). It first waits for the kernel before this one, which wrote the parts:
+// a block that finishes its own pages before that kernel ends waits there, holding its place.
+#define FOLD_BATCH 4
+template <int D, int GH>
+__device__ __forceinline__ void fold_level_parts(DecodeMerge<D, GH, true>& sm, const LevelParts& parts,
+                                                 size_t row0) {
+    constexpr int LPT = D / 8, PAIRS = GH * LPT, GROUPS = DECODE_WARPS * 32 / PAIRS;
+    static_assert(GROUPS >= 1, "a thread for every (head, chunk) of a segment");
+    const int t = threadIdx.x, pair = t % PAIRS, dc = pair % LPT;
+    const size_t row = row0 + pair / LPT;
+    wait_for_previous_kernel();
+    float m = neg_inf(), total = 0.f;
+    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int p0 = t / PAIRS; p0 < parts.pieces; p0 += FOLD_BATCH * GROUPS) {
+        float l[FOLD_BATCH];
+        uint4 c[FOLD_BATCH];
+#pragma unroll
+        for (int k = 0; k < FOLD_BATCH; ++k) {
+            const int p = p0 + k * GROUPS;
+            const size_t at = (size_t)p * parts.stride + row;
+            const bool here = p < parts.pieces;
+            l[k] = here ? parts.lse[at] : neg_inf();
+            c[k] = here ? reinterpret_cast<const uint4*>(parts.o + at * D)[dc]
+                        : make_uint4(0, 0, 0, 0);
+        }
+        add_states<FOLD_BATCH>(m, total, y, l, c, FOLD_BATCH);
+    }
+    sm.fold_m[t] = m;
+    sm.fold_total[t] = total;
+    *reinterpret_cast<float4*>(&sm.fold_y[t][0]) = make_float4(y[0], y[1], y[2], y[3]);
+    *reinterpret_cast<float4*>(&sm.fold_y[t][4]) = make_float4(y[4], y[5], y[6], y[7]);
+}
+
+// Adds the groups' sums of the parts (fold_level_parts) to a row's own result: its output chunk
+// `y` (normalised) and natural-log lse, both rewritten as the merge over all of the row's KV.
+template <int D, int GH>
+__device__ __forceinline__ void add_level_parts(const DecodeMerge<D, GH, true>& sm, int h, int dc,
+                                                float (&y)[8], float& lse_h) {
+    constexpr int LPT = D / 8, PAIRS = GH * LPT, GROUPS = DECODE_WARPS * 32 / PAIRS;
+    float m = lse_h;
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) m = fmaxf(m, sm.fold_m[g * PAIRS + h * LPT + dc]);
+    if (m == neg_inf()) return;  // no key anywhere: y is zeros and lse -inf already
+    const float w = lse_h == neg_inf() ? 0.f : expf(lse_h - m);
+    float total = w;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] *= w;
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) {
+        const int at = g * PAIRS + h * LPT + dc;
+        if (sm.fold_m[at] == neg_inf()) continue;
+        const float s = expf(sm.fold_m[at] - m);
+        total += s * sm.fold_total[at];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) y[i] += s * sm.fold_y[at][i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] /= total;
+    lse_h = m + logf(total);
+}
+
 // The warps' states (each merged over its token groups) merged through shared memory and
 // written: a whole segment as the final result, a piece of one as a partial state in the
-// block's slot 0 (the piece its range starts with) or 1 (the one it ends with). `sync` is a
-// barrier of the DECODE_WARPS warps that attend.
-template <int D, int GH, typename KV, typename Sync>
-__device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMerge<D, GH>& sm,
+// block's slot 0 (the piece its range starts with) or 1 (the one it ends with); a whole
+// segment's rows with a cascade level's `parts` folded in where FOLD. `sync` is a barrier of the
+// DECODE_WARPS warps that attend.
+template <int D, int GH, typename KV, bool FOLD, typename Sync>
+__device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMerge<D, GH, FOLD>& sm,
                                               const DecodeSegment& sg, bool first_piece,
                                               int num_q_heads, float v_scale, bf16* out,
                                               float* lse, float* part_o, float* part_lse,
-                                              Sync sync) {
+                                              const LevelParts& parts, Sync sync) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ts = lane / DecodeRows<D, GH, KV>::LPT, dc = lane % DecodeRows<D, GH, KV>::LPT;
     if (ts == 0) {
@@ -325,6 +413,10 @@ __device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMe
             for (int i = 0; i < 8; ++i) sm.acc[warp][h][dc * 8 + i] = r.acc[h][i];
         }
     }
+    // The rows' states are in shared memory: the fold's loads need no register that holds them.
+    if constexpr (FOLD) {
+        if (sg.whole()) fold_level_parts(sm, parts, (size_t)sg.seq * num_q_heads + sg.head0);
+    }
     sync();
     if (warp == 0 && ts == 0) {
         const int piece = blockIdx.x * 2 + (first_piece ? 0 : 1);
@@ -336,7 +428,10 @@ __device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMe
             float y[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) y[i] = r.acc[h][i] * inv;
-            const float lse_h = row_lse(r.m[h], r.l[h]);
+            float lse_h = row_lse(r.m[h], r.l[h]);
+            if constexpr (FOLD) {
+                if (sg.whole()) add_level_parts(sm, h, dc, y, lse_h);
+            }
             if (sg.whole()) {
                 const size_t row = (size_t)sg.seq * num_q_heads + sg.head0 + h;
                 *reinterpret_cast<uint4*>(out + row * D + dc * 8) = float_to_chunk(y);
@@ -354,7 +449,7 @@ __device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMe
 
 // Every lane loads its own chunks: a warp takes units of CH slots in turn, issuing all of a
 // unit's loads before using any, so 2 * DECODE_UNROLL 16-byte loads a lane are in flight.
-template <int D, int GH, typename KV>
+template <int D, int GH, typename KV, bool FOLD>
 __device__ __forceinline__ void decode_attention(
     const bf16* __restrict__ q, const typename KV::T* __restrict__ k_cache,
     const typename KV::T* __restrict__ v_cache,
@@ -363,11 +458,11 @@ __device__ __forceinline__ void decode_attention(
     bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
     float* __restrict__ part_lse, int num_seqs, int num_q_heads, int num_kv_heads,
     int page_size, int page_shift, int num_pages, float sm_scale, int min_range, float k_scale,
-    float v_scale) {
+    float v_scale, LevelParts parts) {
     using Rows = DecodeRows<D, GH, KV>;
     constexpr int CH = Rows::TPW * DECODE_UNROLL;  // slots a warp handles per iteration
     static_assert(SLOT_ALIGN % CH == 0, "ranges must hold whole iterations");
-    __shared__ DecodeMerge<D, GH> sm;
+    __shared__ DecodeMerge<D, GH, FOLD> sm;
     __shared__ int s_first;
 
     let_next_kernel_start();  // the merge's blocks wait for this kernel's pieces
@@ -425,7 +520,7 @@ __device__ __forceinline__ void decode_attention(
         }
         r.merge_token_groups();
         write_segment(r, sm, sg, pos == begin, num_q_heads, v_scale, out, lse, part_o, part_lse,
-                      [] { __syncthreads(); });
+                      parts, [] { __syncthreads(); });
         pos = sg.next();
     }
     end_after_previous_kernel();
@@ -492,7 +587,7 @@ __device__ __forceinline__ void decode_attention_bulk(
     extern __shared__ __align__(128) unsigned char ring[];  // [stage][K, V][slot][ROW]
     __shared__ u64 full[STAGES], empty[STAGES];
     __shared__ int held[STAGES][2];  // slots holding tokens, from each page piece's first
-    __shared__ DecodeMerge<D, GH> sm;
+    __shared__ DecodeMerge<D, GH, false> sm;
     __shared__ int s_first;
 
     let_next_kernel_start();  // the merge's blocks wait for this kernel's pieces
@@ -602,7 +697,7 @@ __device__ __forceinline__ void decode_attention_bulk(
         }
         r.merge_token_groups();
         write_segment(r, sm, sg, pos == begin, num_q_heads, v_scale, out, lse, part_o, part_lse,
-                      [] {
+                      LevelParts{}, [] {
                           asm volatile("bar.sync %0, %1;\n" ::"n"(BULK_CONSUMERS_BARRIER),
                                        "n"(DECODE_WARPS * 32)
                                        : "memory");
@@ -717,21 +812,40 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
 #define DECODE_BOUNDS_4_KvFp8 __launch_bounds__(DECODE_WARPS * 32)
 #define DECODE_BOUNDS_8_KvBf16 __launch_bounds__(DECODE_WARPS * 32)
 #define DECODE_BOUNDS_8_KvFp8 __launch_bounds__(DECODE_WARPS * 32)
-#define DECODE_KV(NAME, D, GH, KV)                                                             \
-    extern "C" __global__ void DECODE_BOUNDS_##GH##_##KV NAME(                                 \
-        const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* kv_indptr,       \
-        const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
-        float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \
-        int num_kv_heads, int page_size, int page_shift, int num_pages, float sm_scale,        \
-        int min_range, float k_scale, float v_scale) {                                         \
-        decode_attention<D, GH, KV>(q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens, \
-                                    slot_indptr, out, lse, part_o, part_lse, num_seqs,         \
-                                    num_q_heads, num_kv_heads, page_size, page_shift,          \
-                                    num_pages, sm_scale, min_range, k_scale, v_scale);         \
+// Every decode kernel's parameters, and the arguments that pass them on.
+#define DECODE_PARAMS(KV)                                                                     \
+    const bf16 *q, const KV::T *k_cache, const KV::T *v_cache, const int *kv_indptr,         \
+        const int *kv_page_ids, const int *kv_page_lens, const int *slot_indptr, bf16 *out,  \
+        float *lse, float *part_o, float *part_lse, int num_seqs, int num_q_heads,           \
+        int num_kv_heads, int page_size, int page_shift, int num_pages, float sm_scale,      \
+        int min_range, float k_scale, float v_scale
+#define DECODE_ARGS                                                                           \
+    q, k_cache, v_cache, kv_indptr, kv_page_ids, kv_page_lens, slot_indptr, out, lse, part_o, \
+        part_lse, num_seqs, num_q_heads, num_kv_heads, page_size, page_shift, num_pages,     \
+        sm_scale, min_range, k_scale, v_scale
+#define DECODE_KV(NAME, D, GH, KV)                                                            \
+    extern "C" __global__ void DECODE_BOUNDS_##GH##_##KV NAME(DECODE_PARAMS(KV)) {            \
+        decode_attention<D, GH, KV, false>(DECODE_ARGS, LevelParts{});                        \
     }
-#define DECODE(D, GH)                                                         \
-    DECODE_KV(decode_attention_d##D##_g##GH, D, GH, KvBf16)                   \
+// The folding kernels (decode_attention_folding): a cascade level's parts as four more.
+#define DECODE_FOLDING_KV(NAME, D, GH, KV)                                                    \
+    extern "C" __global__ void DECODE_BOUNDS_##GH##_##KV NAME(                                \
+        DECODE_PARAMS(KV), const bf16* fold_o, const float* fold_lse, int fold_pieces,        \
+        int fold_stride) {                                                                    \
+        decode_attention<D, GH, KV, true>(DECODE_ARGS,                                        \
+                                          LevelParts{fold_o, fold_lse, fold_pieces, fold_stride}); \
+    }
+// The file is compiled twice (kernels/src/source.rs): as the decode kernels, and with
+// DECODE_FOLDING defined as the folding kernels alone, which only cascade attention runs.
+#ifdef DECODE_FOLDING
+#define DECODE(D, GH)                                                               \
+    DECODE_FOLDING_KV(decode_attention_folding_d##D##_g##GH, D, GH, KvBf16)         \
+    DECODE_FOLDING_KV(decode_attention_folding_fp8_d##D##_g##GH, D, GH, KvFp8)
+#else
+#define DECODE(D, GH)                                                               \
+    DECODE_KV(decode_attention_d##D##_g##GH, D, GH, KvBf16)                         \
     DECODE_KV(decode_attention_fp8_d##D##_g##GH, D, GH, KvFp8)
+#endif
 
 DECODE(32, 1)
 DECODE(32, 2)
@@ -746,19 +860,11 @@ DECODE(128, 2)
 DECODE(128, 4)
 DECODE(128, 8)
 
-#if __CUDA_ARCH__ >= 900
-#define DECODE_BULK_KV(NAME, GH, KV)                                                           \
-    extern "C" __global__ void __launch_bounds__((DECODE_WARPS + 1) * 32) NAME(                \
-        const bf16* q, const KV::T* k_cache, const KV::T* v_cache, const int* kv_indptr,       \
-        const int* kv_page_ids, const int* kv_page_lens, const int* slot_indptr, bf16* out,    \
-        float* lse, float* part_o, float* part_lse, int num_seqs, int num_q_heads,             \
-        int num_kv_heads, int page_size, int page_shift, int num_pages, float sm_scale,        \
-        int min_range, float k_scale, float v_scale) {                                         \
-        decode_attention_bulk<GH, KV>(q, k_cache, v_cache, kv_indptr, kv_page_ids,             \
-                                      kv_page_lens, slot_indptr, out, lse, part_o, part_lse,   \
-                                      num_seqs, num_q_heads, num_kv_heads, page_size,          \
-                                      page_shift, num_pages, sm_scale, min_range, k_scale,     \
-                                      v_scale);                                                \
+#if __CUDA_ARCH__ >= 900 && !defined(DECODE_FOLDING)
+#define DECODE_BULK_KV(NAME, GH, KV)                                                          \
+    extern "C" __global__ void __launch_bounds__((DECODE_WARPS + 1) * 32)                     \
+        NAME(DECODE_PARAMS(KV)) {                                                             \
+        decode_attention_bulk<GH, KV>(DECODE_ARGS);                                           \
     }
 #define DECODE_BULK(GH)                                             \
     DECODE_BULK_KV(decode_attention_bulk_d128_g##GH, GH, KvBf16)    \

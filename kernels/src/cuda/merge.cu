@@ -38,20 +38,6 @@ extern "C" __global__ void merge_state(const bf16* __restrict__ o_a, const float
     if (lse_out != nullptr && i % chunks == 0) lse_out[row] = m == neg_inf() ? m : m + logf(total);
 }
 
-// Adds one state (its log-sum-exp l and its chunk of output) to a running sum (total, y) kept
-// relative to a maximum m that is at least l: FlashInfer's merge_state over many states at once.
-// An empty state (l = -inf) weighs nothing, whatever its chunk holds.
-__device__ __forceinline__ void add_state(float m, float& total, float (&y)[8], float l,
-                                          uint4 chunk) {
-    if (l == neg_inf()) return;
-    const float w = expf(l - m);
-    float b[8];
-    chunk_to_float(chunk, b);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] += w * b[k];
-    total += w;
-}
-
 // Pieces whose states a thread loads at once, before adding any of them.
 #define MERGE_BATCH 16
 
@@ -89,39 +75,21 @@ extern "C" __global__ void merge_pieces_into(bf16* __restrict__ o, float* __rest
     float m = neg_inf(), total = 0.f;
     float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int p0 = 0; live && p0 < pieces; p0 += MERGE_BATCH) {
-        // The main state comes with the first batch.
-        float la = neg_inf();
-        uint4 ca = make_uint4(0, 0, 0, 0);
-        if (p0 == 0) {
-            la = lse[dst];
-            ca = reinterpret_cast<const uint4*>(o + dst * head_dim)[c];
-        }
-        float l[MERGE_BATCH];
-        uint4 b[MERGE_BATCH];
+        // The main state comes first in the first batch.
+        float l[MERGE_BATCH + 1];
+        uint4 b[MERGE_BATCH + 1];
+        l[0] = p0 == 0 ? lse[dst] : neg_inf();
+        b[0] = p0 == 0 ? reinterpret_cast<const uint4*>(o + dst * head_dim)[c]
+                       : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int k = 0; k < MERGE_BATCH; ++k) {
             const size_t at = (p0 + k) * stride + row;
             const bool here = p0 + k < pieces;
-            l[k] = here ? lse_parts[at] : neg_inf();
-            b[k] = here ? reinterpret_cast<const uint4*>(o_parts + at * head_dim)[c]
-                        : make_uint4(0, 0, 0, 0);
+            l[k + 1] = here ? lse_parts[at] : neg_inf();
+            b[k + 1] = here ? reinterpret_cast<const uint4*>(o_parts + at * head_dim)[c]
+                            : make_uint4(0, 0, 0, 0);
         }
-        float top = la;
-#pragma unroll
-        for (int k = 0; k < MERGE_BATCH; ++k) top = fmaxf(top, l[k]);
-        if (top == neg_inf()) continue;  // the whole batch is empty
-        if (top > m) {
-            const float s = expf(m - top);  // 0 while nothing is summed (m = -inf)
-            total *= s;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) y[k] *= s;
-            m = top;
-        }
-        add_state(m, total, y, la, ca);
-        // The same count for every thread: a batch of fewer pieces adds only its own.
-#pragma unroll
-        for (int k = 0; k < MERGE_BATCH; ++k)
-            if (p0 + k < pieces) add_state(m, total, y, l[k], b[k]);
+        add_states<MERGE_BATCH + 1>(m, total, y, l, b, 1 + pieces - p0);
     }
     __syncwarp();  // every thread of the row has read its old lse
     if (total == 0.f) return;  // no state weighs anything (or the row is skipped)

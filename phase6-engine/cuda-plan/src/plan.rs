@@ -251,7 +251,7 @@ impl StepPlan {
             }
         }
         let rows_of = |i: usize| first_row[i]..first_row[i] + batch.seqs[i].tokens.len();
-        let decode_rows = !decode.is_empty();
+        let decode_rows = decode.len();
         plan.levels = split::levels(
             unmasked,
             rows_of,
@@ -556,17 +556,24 @@ mod tests {
     }
 
     /// Where the decode rows run beside the first level, that level is cut for half the wave
-    /// (its pieces are short); the second level, after the decode, still fills the wave.
+    /// (its pieces are short), unless its rows are the decode rows, whose decode then folds its
+    /// pieces in; the second level, after the decode, still fills the wave.
     #[test]
-    fn only_the_level_beside_the_decode_rows_is_cut_for_half_the_wave() {
+    fn the_level_beside_the_decode_rows_is_cut_for_half_the_wave_unless_they_fold_it() {
         let system = BlockTable::from_pages((0..8).collect(), 128);
         let doc = BlockTable::from_pages((8..16).collect(), 128);
         let own = |p: u32| BlockTable::from_pages(vec![p], 1);
-        let batch = ForwardBatch {
+        // Requests 0 and 1 share the system prompt and a document; request 2 shares the system
+        // prompt (the first level's rows are every decode row) or nothing (they are not).
+        let batch = |third_shares: bool| ForwardBatch {
             seqs: vec![
                 seq(0, 1, vec![system.clone(), doc.clone(), own(20)], true),
                 seq(1, 1, vec![system.clone(), doc.clone(), own(21)], true),
-                seq(2, 1, vec![system.clone(), own(22)], true),
+                if third_shares {
+                    seq(2, 1, vec![system.clone(), own(22)], true)
+                } else {
+                    seq(2, 1, vec![own(22)], true)
+                },
             ],
         };
         // 8 blocks a piece (one 64-row block a KV head); a wave of 32 blocks: 4 pieces of 32
@@ -581,8 +588,18 @@ mod tests {
             ..LIMITS
         };
         let pieces = |plan: StepPlan| plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>();
-        assert_eq!(pieces(plan_of(&batch, &split(true)).unwrap()), vec![2, 4]);
-        assert_eq!(pieces(plan_of(&batch, &split(false)).unwrap()), vec![4, 4]);
+        assert_eq!(
+            pieces(plan_of(&batch(false), &split(true)).unwrap()),
+            vec![2, 4]
+        );
+        assert_eq!(
+            pieces(plan_of(&batch(false), &split(false)).unwrap()),
+            vec![4, 4]
+        );
+        assert_eq!(
+            pieces(plan_of(&batch(true), &split(true)).unwrap()),
+            vec![4, 4]
+        );
         // Without decode rows nothing runs beside: a prefill of two tokens sharing the system.
         let own2 = |p: u32| BlockTable::from_pages(vec![p], 2);
         let prefill = ForwardBatch {

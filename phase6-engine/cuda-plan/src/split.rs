@@ -62,14 +62,16 @@ impl KvSplit {
         floor_power_of_two(wanted)
     }
 
-    /// [`Self::pieces`] for the level that the step's decode rows are attended beside. Where
-    /// [`Self::decode_beside`] (the CUDA runner starts their decode while the level's call
-    /// runs, on the multiprocessors it leaves free) and filling the wave would cut pieces
-    /// shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left to the
-    /// decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench
-    /// cascade`: 64-256 requests, 4k-32k shared tokens) this is the fastest count on 8 of the
-    /// 12 cases and 5-8% from it on the other four (4k tokens, and 256 x 8k); filling the wave
-    /// was 6-21% slower on six of them in an earlier build.
+    /// [`Self::pieces`] for the level that the step's decode rows are attended beside, where
+    /// its rows are not just those decode rows (whose decode folds the level's pieces in, and
+    /// the level fills the wave). Where [`Self::decode_beside`] (the CUDA runner starts their decode while
+    /// the level's call runs, on the multiprocessors it leaves free) and filling the wave would
+    /// cut pieces shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left
+    /// to the decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench
+    /// cascade`: 64-256 requests, 4k-32k shared tokens), in a build whose decode did not fold,
+    /// this was the fastest count on 8 of the 12 cases and 5-8% from it on the other four (4k
+    /// tokens, and 256 x 8k); filling the wave was 6-21% slower on six of them in an earlier
+    /// build.
     pub fn pieces_beside(&self, queries: usize, tokens: usize) -> usize {
         let whole_wave = self.pieces(queries, tokens);
         if !self.decode_beside || whole_wave == 1 || tokens / whole_wave >= BESIDE_WHOLE_WAVE_TOKENS
@@ -129,15 +131,18 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 /// rows must be distinct to be merged back in place), and cuts the parts of a level into as
 /// many pieces as its most demanding part wants, as far as `max_rows` rows of the pieces'
 /// outputs allow; the first level for the step's decode rows beside it where the step has some
-/// (`decode_rows`) and the split runs them so. Piece `p` of part `g` is sequence
-/// `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of batch sequence `i`.
+/// (`decode_rows`, the step's first rows) and the split runs them so, unless its rows are those
+/// decode rows, in order: the runner's decode then folds the level's pieces into its own rows
+/// (`kernels::decode::decode_attention_folding`), and the level fills the wave. Piece `p` of
+/// part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the step's rows
+/// of batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,
     split: &KvSplit,
     page_size: usize,
     max_rows: usize,
-    decode_rows: bool,
+    decode_rows: usize,
 ) -> Vec<Level> {
     let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
     for part in parts {
@@ -160,7 +165,8 @@ pub(crate) fn levels(
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
-            let beside = decode_rows && level == 0;
+            let folded = rows.iter().copied().eq(0..decode_rows as u32);
+            let beside = decode_rows > 0 && level == 0 && !folded;
             let wanted = parts
                 .iter()
                 .map(|p| {

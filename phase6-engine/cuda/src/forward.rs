@@ -645,23 +645,41 @@ fn attend<C: CacheRead>(
     let cascade = !s.levels.is_empty();
     let first = s.decode.as_ref().map_or(0, |d| d.table.num_seqs());
     // The decode rows' own pages: with cascade levels, beside the first level's shared pass
-    // (which at 64 requests fills half the GPU), since neither reads what the other writes.
-    let decode_rows = |a: &mut Activations, beside: bool| -> Result<()> {
-        let Some(d) = &s.decode else { return Ok(()) };
+    // (which at 64 requests fills half the GPU), since neither reads what the other writes;
+    // where that level's rows are the decode rows, folding in its `pieces` parts if it can
+    // (then true: the level needs no merge).
+    let decode_rows = |a: &mut Activations, beside: bool, fold: Option<usize>| -> Result<bool> {
+        let Some(d) = &s.decode else {
+            return Ok(false);
+        };
         let q = a.q.slice(..first * qw);
         let inputs = attention_inputs(m, shape, layer(), q, d.table.page_table());
         let mut out = a.attn.slice_mut(..first * qw);
-        let mut lse = a.lse.slice_mut(..first * hq);
-        let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse);
-        if beside {
-            let (ws, slots) = (&mut a.decode_ws, &d.slot_indptr);
-            decode::decode_attention_beside(gpu, &inputs, ws, &mut out, lse, slots)
-        } else {
-            decode::decode_attention(gpu, &inputs, &mut a.decode_ws, &mut out, lse)
+        let mut lse_rows = a.lse.slice_mut(..first * hq);
+        let (ws, slots) = (&mut a.decode_ws, &d.slot_indptr);
+        if let Some(pieces) = fold {
+            let parts = PartialState {
+                o: a.part_o.slice(..pieces * first * qw),
+                lse: a.part_lse.slice(..pieces * first * hq),
+            };
+            let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse_rows);
+            let folded = decode::decode_attention_folding(
+                gpu, &inputs, ws, &mut out, lse, slots, &parts, pieces,
+            )?;
+            if folded {
+                return Ok(true);
+            }
         }
+        let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse_rows);
+        if beside {
+            decode::decode_attention_beside(gpu, &inputs, ws, &mut out, lse, slots)?;
+        } else {
+            decode::decode_attention(gpu, &inputs, ws, &mut out, lse)?;
+        }
+        Ok(false)
     };
     if !cascade {
-        decode_rows(a, false)?;
+        decode_rows(a, false, None)?;
     }
     if let Some(p) = &s.prefill {
         let inputs = attention_inputs(
@@ -702,8 +720,11 @@ fn attend<C: CacheRead>(
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         let out = &mut a.part_o;
         prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, true, out, lse)?;
-        if i == 0 {
-            decode_rows(a, true)?;
+        // The first level's rows are the decode rows, in order: piece p's state of decode row r
+        // is the pass's row p x n + r, as the decode folds it.
+        let fold = (level.in_place == Some(0) && n == first).then_some(pieces);
+        if i == 0 && decode_rows(a, true, fold)? {
+            continue;
         }
         let parts = PartialState {
             o: a.part_o.slice(..pieces * n * qw),
