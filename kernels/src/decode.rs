@@ -184,12 +184,13 @@ pub fn decode_attention_beside<C: CacheRead>(
 /// (`parts`, each `[num_seqs, num_q_heads]` rows in the table's order) into every row it
 /// writes, so that no merge launch waits after it. At 64 requests of a 32k-token prefix cut
 /// into 16 parts most of the decode's blocks run after the pass, and the merge after them took
-/// 4-6 us more; folded, the split cascade took 62-63 us instead of 70 on an H100 (the log's
+/// 4-7 us more; folded, the split cascade took 62-63 us instead of 70 on an H100 (the log's
 /// "The parts folded into the decode"). A block that ends its own pages before the pass does
 /// waits for it, holding its place on the GPU: where the pass leaves room for most of the
 /// decode beside it (a level cut for half the wave), folding is slower. Only
-/// the per-lane kernel folds ([`DecodeKernel::Loads`]), and only where every block writes its
-/// segments whole (none cut between two blocks, none empty): elsewhere it launches nothing
+/// the per-lane kernel folds ([`DecodeKernel::Loads`]), where it is the fastest decode (not
+/// Hopper's FP8 decode through bulk copies), and only where every block writes its segments
+/// whole (none cut between two blocks, none empty, [`folds`]): elsewhere it launches nothing
 /// and returns `false`, and the caller decodes beside the pass and merges as before. `lse`
 /// then holds the merge over the row's whole KV, as after [`crate::merge::merge_pieces_into`].
 #[allow(clippy::too_many_arguments)]
@@ -203,6 +204,9 @@ pub fn decode_attention_folding<C: CacheRead>(
     parts: &PartialState<'_>,
     pieces: usize,
 ) -> Result<bool> {
+    if best_kernel(gpu, inputs)? != DecodeKernel::Loads {
+        return Ok(false);
+    }
     let launch = Launch::Folding {
         slot_indptr,
         parts,
@@ -217,6 +221,30 @@ pub fn decode_attention_folding<C: CacheRead>(
         out,
         lse,
     )
+}
+
+/// The grid of [`decode_attention_folding`] at `head_dim` and GQA group size `group`, over an
+/// FP8 cache or not; `None` where it never folds (the fastest decode there is not the per-lane
+/// kernel). With it [`folds`] tells a planner, before the call, whether the call will fold.
+pub fn folding_blocks(
+    gpu: &Gpu,
+    head_dim: usize,
+    group: usize,
+    fp8: bool,
+) -> Result<Option<usize>> {
+    if DecodeKernel::best(gpu, head_dim, group, fp8) != DecodeKernel::Loads {
+        return Ok(None);
+    }
+    let blocks = kernel_blocks(gpu, DecodeKernel::Loads, head_dim, group, fp8, true)?;
+    Ok(Some(blocks))
+}
+
+/// Whether [`decode_attention_folding`] folds over a table of these `slot_indptr` prefix sums
+/// (`num_q_heads` heads in GQA groups of `group`) on a grid of `blocks` ([`folding_blocks`]):
+/// where no sequence's slots are shared by two blocks and none is empty.
+pub fn folds(slot_indptr: &[i32], num_q_heads: usize, group: usize, blocks: usize) -> bool {
+    let valid = slot_indptr.first() == Some(&0) && slot_indptr.windows(2).all(|w| w[0] <= w[1]);
+    valid && !merge_has_work(slot_indptr, num_q_heads / heads_per_block(group), blocks)
 }
 
 /// [`decode_attention`] on the kernel given (to compare them).
@@ -337,13 +365,15 @@ fn launch_decode<C: CacheRead>(
     let key = (kernel, d, inputs.group(), fp8, folding);
     let blocks = match workspace.grid {
         Some((k, blocks)) if k == key => blocks,
-        _ => {
-            let blocks =
-                kernel_blocks(gpu, kernel, d, inputs.group(), fp8, folding)?.min(workspace.blocks);
-            workspace.grid = Some((key, blocks));
-            blocks
-        }
+        _ => kernel_blocks(gpu, kernel, d, inputs.group(), fp8, folding)?.min(workspace.blocks),
     };
+    let merge = beside.is_none_or(|host| merge_has_work(host, hq / gh, blocks));
+    if folding && merge {
+        return Ok(false);
+    }
+    // Kept only for a call that launches, so that a refused fold does not evict the grid of the
+    // call that follows it.
+    workspace.grid = Some((key, blocks));
     let (part_o, part_lse) = (
         gpu.ptr_mut(&mut workspace.o),
         gpu.ptr_mut(&mut workspace.lse),
@@ -372,10 +402,6 @@ fn launch_decode<C: CacheRead>(
     let min_range = MIN_RANGE as i32;
     let mut config = grid((blocks as u32, 1, 1), kernel.threads());
     config.shared_mem_bytes = shared as u32;
-    let merge = beside.is_none_or(|host| merge_has_work(host, hq / gh, blocks));
-    if folding && merge {
-        return Ok(false);
-    }
     let mut args: Vec<_> = ptrs.iter().map(arg).chain(ints.iter().map(arg)).collect();
     args.extend([
         arg(&inputs.sm_scale),

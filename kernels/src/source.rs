@@ -84,8 +84,9 @@ impl Source {
 
     /// The text NVRTC compiles: the shared helpers, those of the tensor-core kernels where
     /// used, the file. The decode's file is compiled twice: its folding kernels, which only
-    /// cascade attention runs, as a module of their own, so that a decode alone does not wait
-    /// for them to compile.
+    /// cascade attention runs, as a module of their own, so that a program that decodes
+    /// without cascade (a test, a bench) does not compile them (the engine's preload compiles
+    /// both), and the other decode kernels are what they were.
     pub fn text(self) -> String {
         let helpers: &[&str] = match self {
             Source::PrefillAttention => &[MMA, PAGE_TILES],

@@ -40,7 +40,7 @@
 // beside a kernel whose memory it does not touch (end_after_previous_kernel below); launched
 // so, with the host's copy of the segment layout, it is followed by the merge only where some
 // segment is cut or empty (cascade's own pages, whose merge would otherwise stand empty between
-// the shared prefix's pass and the merge of its parts). Where no segment is cut, the folding
+// the shared prefix's pass and the merge of its parts). Where no segment is cut or empty, the folding
 // kernels also fold that pass's parts into the rows they write (LevelParts below), so that no
 // merge of the parts waits after the decode's last blocks.
 
@@ -88,7 +88,8 @@ __device__ __forceinline__ void merge_into(float& ma, float& la, float* acca, fl
 
 // A decode launched beside the kernel queued before it (`decode_attention_beside`: cascade's own
 // pages while the shared prefix's pass runs) starts once that kernel lets it, and touches no
-// memory that kernel reads or writes. The kernels after the decode on the stream wait only for
+// memory that kernel reads or writes (a folding kernel reads the parts that kernel writes only
+// after waiting for it, fold_level_parts). The kernels after the decode on the stream wait only for
 // the decode (and its merge where launched, which waits for it), so block 0 waits for the
 // earlier kernel before it ends: the decode then ends after that kernel. Launched as usual, the
 // wait returns at once.
@@ -413,7 +414,6 @@ __device__ __forceinline__ void write_segment(DecodeRows<D, GH, KV>& r, DecodeMe
             for (int i = 0; i < 8; ++i) sm.acc[warp][h][dc * 8 + i] = r.acc[h][i];
         }
     }
-    // The rows' states are in shared memory: the fold's loads need no register that holds them.
     if constexpr (FOLD) {
         if (sg.whole()) fold_level_parts(sm, parts, (size_t)sg.seq * num_q_heads + sg.head0);
     }
@@ -707,6 +707,7 @@ __device__ __forceinline__ void decode_attention_bulk(
 }
 #endif
 
+#ifndef DECODE_FOLDING
 // Combines the pieces of every segment that two or more blocks shared; rows of segments a block
 // held whole were written by it, and rows of empty segments (no KV) get zeros and lse -inf.
 // One warp per (sequence, q head): lanes take pieces 32 at a time for the weights, then each
@@ -793,6 +794,7 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
     }
     if (lse != nullptr && lane == 0) lse[row] = mx + logf(total);
 }
+#endif
 
 // `k_scale` and `v_scale` are the FP8 cache's scales (unused for bf16). The blocks an SM each
 // kernel asks for (its registers), by q heads a block and cache element. One head asks for 7: it
@@ -803,7 +805,8 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
 // serving sequences on an H100; 96 hold them without spills, as before the entries were read
 // ahead, and no case measured there is slower than before. Two heads over FP8 name none: asked
 // for 5, ptxas gives them more registers, not fewer (and asking for 1 block gives the bf16
-// kernel 139). The larger groups name none.
+// kernel 139). The larger groups name none. The folding kernels take the same bounds, and ptxas
+// gives them the same registers at one and two heads over bf16, without spills.
 #define DECODE_BOUNDS_1_KvBf16 __launch_bounds__(DECODE_WARPS * 32, 7)
 #define DECODE_BOUNDS_1_KvFp8 __launch_bounds__(DECODE_WARPS * 32, 7)
 #define DECODE_BOUNDS_2_KvBf16 __launch_bounds__(DECODE_WARPS * 32, 5)
@@ -836,7 +839,8 @@ extern "C" __global__ void decode_merge_pieces(const int* __restrict__ slot_indp
                                           LevelParts{fold_o, fold_lse, fold_pieces, fold_stride}); \
     }
 // The file is compiled twice (kernels/src/source.rs): as the decode kernels, and with
-// DECODE_FOLDING defined as the folding kernels alone, which only cascade attention runs.
+// DECODE_FOLDING defined as the folding kernels in place of the others (decode_merge_pieces
+// included), which only cascade attention runs.
 #ifdef DECODE_FOLDING
 #define DECODE(D, GH)                                                               \
     DECODE_FOLDING_KV(decode_attention_folding_d##D##_g##GH, D, GH, KvBf16)         \

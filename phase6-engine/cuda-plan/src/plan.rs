@@ -251,14 +251,13 @@ impl StepPlan {
             }
         }
         let rows_of = |i: usize| first_row[i]..first_row[i] + batch.seqs[i].tokens.len();
-        let decode_rows = decode.len();
         plan.levels = split::levels(
             unmasked,
             rows_of,
             &limits.split,
             ps,
             limits.max_tokens,
-            decode_rows,
+            &plan.decode.slot_indptr,
         );
 
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -358,6 +357,7 @@ mod tests {
             kv_heads: 8,
             min_tokens: 1024,
             decode_beside: false,
+            fold_blocks: None,
         },
     };
 
@@ -556,59 +556,68 @@ mod tests {
     }
 
     /// Where the decode rows run beside the first level, that level is cut for half the wave
-    /// (its pieces are short), unless its rows are the decode rows, whose decode then folds its
+    /// (its pieces are short), unless its rows are the decode rows and their decode folds its
     /// pieces in; the second level, after the decode, still fills the wave.
     #[test]
     fn the_level_beside_the_decode_rows_is_cut_for_half_the_wave_unless_they_fold_it() {
         let system = BlockTable::from_pages((0..8).collect(), 128);
         let doc = BlockTable::from_pages((8..16).collect(), 128);
-        let own = |p: u32| BlockTable::from_pages(vec![p], 1);
+        let own =
+            |p: u32, n: usize| BlockTable::from_pages((p..p + n.div_ceil(16) as u32).collect(), n);
         // Requests 0 and 1 share the system prompt and a document; request 2 shares the system
         // prompt (the first level's rows are every decode row) or nothing (they are not).
-        let batch = |third_shares: bool| ForwardBatch {
+        let batch = |third_shares: bool, own_len: usize| ForwardBatch {
             seqs: vec![
-                seq(0, 1, vec![system.clone(), doc.clone(), own(20)], true),
-                seq(1, 1, vec![system.clone(), doc.clone(), own(21)], true),
+                seq(
+                    0,
+                    1,
+                    vec![system.clone(), doc.clone(), own(20, own_len)],
+                    true,
+                ),
+                seq(
+                    1,
+                    1,
+                    vec![system.clone(), doc.clone(), own(21, own_len)],
+                    true,
+                ),
                 if third_shares {
-                    seq(2, 1, vec![system.clone(), own(22)], true)
+                    seq(2, 1, vec![system.clone(), own(40, own_len)], true)
                 } else {
-                    seq(2, 1, vec![own(22)], true)
+                    seq(2, 1, vec![own(40, own_len)], true)
                 },
             ],
         };
         // 8 blocks a piece (one 64-row block a KV head); a wave of 32 blocks: 4 pieces of 32
-        // tokens, half the wave 2.
-        let split = |decode_beside| Limits {
+        // tokens, half the wave 2. A folding decode of 660 blocks takes ranges of 64 slots:
+        // own pages of 1 token (32 slots) fold, of 65 (96 slots) do not.
+        let split = |decode_beside, fold_blocks| Limits {
             split: KvSplit {
                 blocks_at_once: 32,
                 min_tokens: 16,
                 decode_beside,
+                fold_blocks,
                 ..LIMITS.split
             },
             ..LIMITS
         };
-        let pieces = |plan: StepPlan| plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>();
-        assert_eq!(
-            pieces(plan_of(&batch(false), &split(true)).unwrap()),
-            vec![2, 4]
-        );
-        assert_eq!(
-            pieces(plan_of(&batch(false), &split(false)).unwrap()),
-            vec![4, 4]
-        );
-        assert_eq!(
-            pieces(plan_of(&batch(true), &split(true)).unwrap()),
-            vec![4, 4]
-        );
+        let pieces = |batch: &ForwardBatch, limits: &Limits| {
+            let plan = plan_of(batch, limits).unwrap();
+            plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>()
+        };
+        let folding = split(true, Some(660));
+        assert_eq!(pieces(&batch(true, 1), &folding), vec![4, 4]);
+        assert_eq!(pieces(&batch(true, 65), &folding), vec![2, 4]);
+        assert_eq!(pieces(&batch(false, 1), &folding), vec![2, 4]);
+        assert_eq!(pieces(&batch(true, 1), &split(true, None)), vec![2, 4]);
+        assert_eq!(pieces(&batch(true, 1), &split(false, None)), vec![4, 4]);
         // Without decode rows nothing runs beside: a prefill of two tokens sharing the system.
-        let own2 = |p: u32| BlockTable::from_pages(vec![p], 2);
         let prefill = ForwardBatch {
             seqs: vec![
-                seq(0, 2, vec![system.clone(), own2(20)], true),
-                seq(1, 2, vec![system, own2(21)], true),
+                seq(0, 2, vec![system.clone(), own(20, 2)], true),
+                seq(1, 2, vec![system, own(30, 2)], true),
             ],
         };
-        assert_eq!(pieces(plan_of(&prefill, &split(true)).unwrap()), vec![4]);
+        assert_eq!(pieces(&prefill, &split(true, None)), vec![4]);
     }
 
     #[test]

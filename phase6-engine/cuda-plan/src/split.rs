@@ -39,6 +39,9 @@ pub struct KvSplit {
     /// a kernel launched after it start before it ends
     /// (`kernels::prefill::PrefillKernel::lets_dependents_start`).
     pub decode_beside: bool,
+    /// The grid of the decode that folds a first level's pieces into its rows
+    /// (`kernels::decode::folding_blocks`), where the runner folds; `None` where it never does.
+    pub fold_blocks: Option<usize>,
 }
 
 impl KvSplit {
@@ -131,19 +134,24 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 /// rows must be distinct to be merged back in place), and cuts the parts of a level into as
 /// many pieces as its most demanding part wants, as far as `max_rows` rows of the pieces'
 /// outputs allow; the first level for the step's decode rows beside it where the step has some
-/// (`decode_rows`, the step's first rows) and the split runs them so, unless its rows are those
-/// decode rows, in order: the runner's decode then folds the level's pieces into its own rows
-/// (`kernels::decode::decode_attention_folding`), and the level fills the wave. Piece `p` of
-/// part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the step's rows
-/// of batch sequence `i`.
+/// (the step's first rows, one a sequence of `decode_slots`, their table's slot prefix sums)
+/// and the split runs them so, unless its rows are those decode rows, in order, and their
+/// decode folds the level's pieces into its own rows (`kernels::decode::folds` on
+/// [`KvSplit::fold_blocks`]): then the level fills the wave. Piece `p` of part `g` is sequence
+/// `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,
     split: &KvSplit,
     page_size: usize,
     max_rows: usize,
-    decode_rows: usize,
+    decode_slots: &[i32],
 ) -> Vec<Level> {
+    let decode_rows = decode_slots.len().saturating_sub(1);
+    let folds = split.fold_blocks.is_some_and(|blocks| {
+        let heads = split.q_per_kv * split.kv_heads;
+        kernels::decode::folds(decode_slots, heads, split.q_per_kv, blocks)
+    });
     let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
     for part in parts {
         let free = |level: &Vec<Unmasked>| {
@@ -165,7 +173,7 @@ pub(crate) fn levels(
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
-            let folded = rows.iter().copied().eq(0..decode_rows as u32);
+            let folded = folds && rows.iter().copied().eq(0..decode_rows as u32);
             let beside = decode_rows > 0 && level == 0 && !folded;
             let wanted = parts
                 .iter()
@@ -209,6 +217,7 @@ mod tests {
         kv_heads: 8,
         min_tokens: 256,
         decode_beside: false,
+        fold_blocks: None,
     };
 
     #[test]

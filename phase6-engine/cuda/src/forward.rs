@@ -714,9 +714,10 @@ fn attend<C: CacheRead>(
             max_len: g.max_q,
         };
         // Started as the kernel before it ends (RoPE's K/V store, the causal prefill, the
-        // gather or the last level's merge): before waiting for it the call reads only its
-        // page table, indptr and K/V entries, which no kernel of the step writes (the store
-        // writes only new tokens' slots, which no level reads: the plan's property test).
+        // gather, the last level's merge, or the decode that folded the first level): before
+        // waiting for it the call reads only its page table, indptr and K/V entries, which no
+        // kernel of the step writes (the store writes only new tokens' slots, which no level
+        // reads: the plan's property test).
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         let out = &mut a.part_o;
         prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, true, out, lse)?;

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use kernels::paged::CacheShape;
 use kernels::prefill::PrefillKernel;
-use kernels::{CudaEvent, Gpu, PinnedHostSlice, gather, sampling};
+use kernels::{CudaEvent, Gpu, PinnedHostSlice, decode, gather, sampling};
 use phase0::{SeqId, TokenId};
 use phase1::{BlockTable, KvDtype, KvLayout};
 use phase2::{Error, ForwardBatch, Logits, ModelConfig, ModelRunner, Weights};
@@ -250,6 +250,8 @@ impl CudaRunner {
                 kv_heads: hkv,
                 min_tokens: options.split_kv_min_tokens.max(options.page_size),
                 decode_beside: prefill_kernel.lets_dependents_start(),
+                fold_blocks: decode::folding_blocks(&gpu, dims.head_dim, hq / hkv.max(1), fp8)
+                    .map_err(device_error)?,
             },
         };
 

@@ -373,6 +373,7 @@ mod tests {
                 kv_heads: 8,
                 min_tokens: 1024,
                 decode_beside: false,
+                fold_blocks: None,
             },
         };
         StepPlan::new(&ForwardBatch { seqs }, &[], &limits).unwrap()

@@ -493,6 +493,7 @@ fn split_kv_prefill_equals_one_causal_pass_on_the_device() {
                 kv_heads: config.num_kv_heads,
                 min_tokens,
                 decode_beside: kernel.lets_dependents_start(),
+                fold_blocks: None,
             },
         };
         let plan = StepPlan::new(&batch, &[], &limits).unwrap();
