@@ -143,6 +143,11 @@ pub struct Level {
     /// `g` in the `p`-th copy of `rows`: its outputs are rows `p x rows.len()..` of the call,
     /// its queries the same rows of one copy.
     pub groups: Prefill,
+    /// Whether the step's decode folds this level's pieces into its rows, no merge after it
+    /// (`kernels::decode::decode_attention_folding`): the first level, whose rows are the decode
+    /// rows, where their own slots lie whole in the folding kernel's ranges
+    /// (`kernels::decode::folds`).
+    pub folded: bool,
 }
 
 impl Level {
@@ -600,16 +605,25 @@ mod tests {
             },
             ..LIMITS
         };
-        let pieces = |batch: &ForwardBatch, limits: &Limits| {
+        // Each level's pieces, and whether the decode folds it.
+        let levels = |batch: &ForwardBatch, limits: &Limits| {
             let plan = plan_of(batch, limits).unwrap();
-            plan.levels.iter().map(|l| l.pieces).collect::<Vec<_>>()
+            let levels = plan.levels.iter();
+            levels.map(|l| (l.pieces, l.folded)).collect::<Vec<_>>()
         };
         let folding = split(true, Some(660));
-        assert_eq!(pieces(&batch(true, 1), &folding), vec![4, 4]);
-        assert_eq!(pieces(&batch(true, 65), &folding), vec![2, 4]);
-        assert_eq!(pieces(&batch(false, 1), &folding), vec![2, 4]);
-        assert_eq!(pieces(&batch(true, 1), &split(true, None)), vec![2, 4]);
-        assert_eq!(pieces(&batch(true, 1), &split(false, None)), vec![4, 4]);
+        let (folded, beside, after) = ((4, true), (2, false), (4, false));
+        assert_eq!(levels(&batch(true, 1), &folding), vec![folded, after]);
+        assert_eq!(levels(&batch(true, 65), &folding), vec![beside, after]);
+        assert_eq!(levels(&batch(false, 1), &folding), vec![beside, after]);
+        assert_eq!(
+            levels(&batch(true, 1), &split(true, None)),
+            vec![beside, after]
+        );
+        assert_eq!(
+            levels(&batch(true, 1), &split(false, None)),
+            vec![after, after]
+        );
         // Without decode rows nothing runs beside: a prefill of two tokens sharing the system.
         let prefill = ForwardBatch {
             seqs: vec![
@@ -617,7 +631,7 @@ mod tests {
                 seq(1, 2, vec![system, own(30, 2)], true),
             ],
         };
-        assert_eq!(pieces(&prefill, &split(true, None)), vec![4]);
+        assert_eq!(levels(&prefill, &split(true, None)), vec![after]);
     }
 
     #[test]
@@ -671,13 +685,15 @@ mod tests {
         /// 1-23 new ones: each reads every entry of its KV exactly once, in the causal call
         /// (a suffix of its KV, holding its new tokens) or in one piece of a level; a level's
         /// rows are distinct, each piece's lie in one copy of them, all pieces' outputs fit
-        /// the step's rows, and no level reads a slot the step stores (the CUDA runner starts
-        /// a level's call before the store has ended).
+        /// the step's rows, no level reads a slot the step stores (the CUDA runner starts
+        /// a level's call before the store has ended), and only a first level whose rows are
+        /// the decode rows is folded into their decode.
         #[test]
         fn every_sequence_reads_each_entry_of_its_kv_exactly_once(
             shared in proptest::collection::vec(1usize..120, 0..4),
             seqs in proptest::collection::vec((0usize..4, 0usize..60, 1usize..24), 1..7),
             min_tokens in prop_oneof![Just(16usize), Just(32), Just(1024)],
+            fold_blocks in prop_oneof![Just(None), Just(Some(4usize)), Just(Some(660))],
         ) {
             let ps = LIMITS.page_size;
             let mut next = 0u32;
@@ -697,11 +713,12 @@ mod tests {
                 })
                 .collect();
             let batch = ForwardBatch { seqs };
-            let limits = Limits {
+            let mut limits = Limits {
                 num_pages: 1024,
                 max_position: 4096,
                 ..cut_at(min_tokens)
             };
+            limits.split.fold_blocks = fold_blocks;
             let plan = plan_of(&batch, &limits).unwrap();
 
             let n = batch.seqs.len();
@@ -731,7 +748,12 @@ mod tests {
                 .map(|s| (s[0], s[1]))
                 .filter(|&(page, _)| page >= 0)
                 .collect();
-            for level in &plan.levels {
+            for (k, level) in plan.levels.iter().enumerate() {
+                if level.folded {
+                    let rows: Vec<u32> = (0..decode.len() as u32).collect();
+                    prop_assert_eq!(k, 0);
+                    prop_assert_eq!(&level.rows, &rows);
+                }
                 let t = &level.groups.table;
                 for (&page, &len) in t.page_ids.iter().zip(&t.page_lens) {
                     for offset in 0..len {

@@ -173,7 +173,7 @@ pub(crate) fn levels(
                 .flat_map(|p| p.seqs.iter().flat_map(|&i| rows_of(i)))
                 .map(|r| r as u32)
                 .collect();
-            let folded = folds && rows.iter().copied().eq(0..decode_rows as u32);
+            let folded = level == 0 && folds && rows.iter().copied().eq(0..decode_rows as u32);
             let beside = decode_rows > 0 && level == 0 && !folded;
             let wanted = parts
                 .iter()
@@ -200,6 +200,7 @@ pub(crate) fn levels(
                 rows,
                 pieces,
                 groups,
+                folded,
             }
         })
         .collect()

@@ -151,6 +151,8 @@ pub(crate) struct LevelPart<'a> {
     pub rows: CudaView<'a, u32>,
     pub pieces: usize,
     pub in_place: Option<usize>,
+    /// The decode folds its pieces into the decode rows (`phase6_cuda_plan::Level::folded`).
+    pub folded: bool,
     pub groups: PrefillPart<'a>,
 }
 
@@ -721,9 +723,9 @@ fn attend<C: CacheRead>(
         let lse: &mut dyn DevicePtrMut<f32> = &mut a.part_lse;
         let out = &mut a.part_o;
         prefill::prefill_attention_pieces(gpu, &inputs, &queries, pieces, true, out, lse)?;
-        // The first level's rows are the decode rows, in order: piece p's state of decode row r
+        // A folded level's rows are the decode rows, in order: piece p's state of decode row r
         // is the pass's row p x n + r, as the decode folds it.
-        let fold = (level.in_place == Some(0) && n == first).then_some(pieces);
+        let fold = level.folded.then_some(pieces);
         if i == 0 && decode_rows(a, true, fold)? {
             continue;
         }

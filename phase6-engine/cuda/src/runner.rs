@@ -329,6 +329,11 @@ impl CudaRunner {
         &self.options
     }
 
+    /// What a step is planned within: the pool, the step's size and how unmasked KV is cut.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Plans, uploads and queues one step (sampling on the device if `sample`); returns how
     /// many rows of logits (and of token ids, when sampled) it produced.
     /// `batch` may hold [`PENDING_TOKEN`] inputs only when it comes from `launch`.

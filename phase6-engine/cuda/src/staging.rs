@@ -52,6 +52,8 @@ struct LevelRegions {
     /// The first of its rows where they are one run of the step's
     /// (`phase6_cuda_plan::Level::in_place`).
     in_place: Option<usize>,
+    /// `phase6_cuda_plan::Level::folded`.
+    folded: bool,
     groups: PrefillRegions,
 }
 
@@ -170,6 +172,7 @@ pub(crate) fn pack(plan: &StepPlan, entry_capacity: usize, words: &mut Vec<u32>)
             rows: p.push(level.rows.iter().copied(), 0),
             pieces: level.pieces,
             in_place: level.in_place(),
+            folded: level.folded,
             groups: p.prefill(&level.groups),
         })
         .collect();
@@ -305,6 +308,7 @@ impl Staging {
                     rows: self.words(level.rows),
                     pieces: level.pieces,
                     in_place: level.in_place,
+                    folded: level.folded,
                     groups: prefill(&level.groups),
                 })
                 .collect(),

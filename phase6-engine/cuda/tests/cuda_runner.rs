@@ -322,7 +322,8 @@ fn cascade_equals_flat(config: &ModelConfig, weights: &Weights, model: &Model, t
                 sample: Some(SampleSpec::greedy()),
             }
         };
-        // Rows: decodes 1 and 4, then prefills 0, 2 and 3: each group's rows are gathered.
+        // Rows: decodes 1 and 4, then prefills 0, 2 and 3: each group's rows are gathered. The
+        // last value: whether the decode folds the first level (its rows are the decode rows).
         let batches = [
             (
                 vec![
@@ -333,10 +334,11 @@ fn cascade_equals_flat(config: &ModelConfig, weights: &Weights, model: &Model, t
                     seq(4, &[&system], 1, &mut pool),
                 ],
                 [group(&[0, 1, 2, 4], 0), group(&[0, 1], 1)],
+                false,
             ),
             // Decodes alone, as a batch of requests sharing a prompt: each group's rows are one
             // run of the step's, read in place by every piece; the decode runs beside the first
-            // level's call.
+            // level's call and folds its pieces in.
             (
                 vec![
                     seq(5, &[&system, &doc], 1, &mut pool),
@@ -344,6 +346,7 @@ fn cascade_equals_flat(config: &ModelConfig, weights: &Weights, model: &Model, t
                     seq(7, &[&system], 1, &mut pool),
                 ],
                 [group(&[0, 1, 2], 0), group(&[0, 1], 1)],
+                true,
             ),
             // Two groups in one level: the second's queries start two rows into the copy.
             (
@@ -354,16 +357,14 @@ fn cascade_equals_flat(config: &ModelConfig, weights: &Weights, model: &Model, t
                     seq(11, &[&doc], 1, &mut pool),
                 ],
                 [group(&[0, 1], 0), group(&[2, 3], 0)],
+                true,
             ),
         ];
-        for (seqs, groups) in batches {
-            check(
-                &mut gpu,
-                &mut cpu,
-                &ForwardBatch { seqs },
-                &groups,
-                (eager, tol),
-            );
+        for (seqs, groups, folds) in batches {
+            let batch = ForwardBatch { seqs };
+            let plan = StepPlan::new(&batch, &groups, gpu.limits()).unwrap();
+            assert_eq!(plan.levels[0].folded, folds, "the first level folded");
+            check(&mut gpu, &mut cpu, &batch, &groups, (eager, tol));
         }
     }
 }
