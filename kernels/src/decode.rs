@@ -99,8 +99,8 @@ pub struct DecodeWorkspace {
     o: CudaSlice<f32>,
     lse: CudaSlice<f32>,
     blocks: usize,
-    /// The grid of the last call, by its kernel: asking the driver for occupancy every call
-    /// would cost the host a few microseconds a layer.
+    /// The grid of the last call that launched, by its kernel: asking the driver for occupancy
+    /// every call would cost the host a few microseconds a layer.
     grid: Option<(GridKey, usize)>,
 }
 

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use kernels::decode::{
     DecodeKernel, DecodeWorkspace, MIN_RANGE, decode_attention, decode_attention_beside,
-    decode_attention_folding, decode_attention_on,
+    decode_attention_folding, decode_attention_on, folding_blocks, folds,
 };
 use kernels::gather::gather_rows;
 use kernels::merge::{PartialState, merge_pieces_into, merge_state};
@@ -1032,6 +1032,10 @@ fn decode_folding_a_levels_parts_equals_flat_attention() {
             let per_lane = DecodeKernel::best(&gpu, d, hq / hkv, fp8) == DecodeKernel::Loads;
             let fits = own_lens.iter().all(|&l| l <= 64);
             assert_eq!(folded, per_lane && fits, "{name}: folded");
+            // What a planner is told before the call (`folding_blocks`, `folds`) is what it did.
+            let grid = folding_blocks(&gpu, d, hq / hkv, fp8).unwrap();
+            let foreseen = grid.is_some_and(|blocks| folds(&slots, hq, hq / hkv, blocks));
+            assert_eq!(foreseen, folded, "{name}: foreseen");
             let (out, out_lse) = download(&gpu, &o, &lse);
             assert_attention(&name, (&out, &out_lse), (&want, &want_lse));
         }

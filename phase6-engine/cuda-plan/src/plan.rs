@@ -295,6 +295,8 @@ impl StepPlan {
     /// store no K/V, attend to nothing, and feed the lm_head row 0 with greedy parameters.
     /// Their results are computed and ignored.
     pub fn pad_decode(&mut self, bucket: usize) {
+        // A level may have been planned (and folded) over the decode rows as they were.
+        debug_assert!(self.levels.is_empty(), "only a flat decode step is padded");
         let extra = bucket.saturating_sub(self.decode.num_seqs());
         let last = *self.decode.indptr.last().expect("starts with 0");
         self.ids.extend(std::iter::repeat_n(0, extra));
@@ -686,14 +688,16 @@ mod tests {
         /// (a suffix of its KV, holding its new tokens) or in one piece of a level; a level's
         /// rows are distinct, each piece's lie in one copy of them, all pieces' outputs fit
         /// the step's rows, no level reads a slot the step stores (the CUDA runner starts
-        /// a level's call before the store has ended), and only a first level whose rows are
-        /// the decode rows is folded into their decode.
+        /// a level's call before the store has ended), and a level is folded into the decode
+        /// exactly where it is the first, its rows are the decode rows and their slots fold
+        /// (half of the cases are decode steps alone, where that happens).
         #[test]
         fn every_sequence_reads_each_entry_of_its_kv_exactly_once(
             shared in proptest::collection::vec(1usize..120, 0..4),
             seqs in proptest::collection::vec((0usize..4, 0usize..60, 1usize..24), 1..7),
             min_tokens in prop_oneof![Just(16usize), Just(32), Just(1024)],
             fold_blocks in prop_oneof![Just(None), Just(Some(4usize)), Just(Some(660))],
+            decode_only in any::<bool>(),
         ) {
             let ps = LIMITS.page_size;
             let mut next = 0u32;
@@ -707,6 +711,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &(k, done, new))| {
+                    let new = if decode_only { 1 } else { new };
                     let mut kv = shared[..k.min(shared.len())].to_vec();
                     kv.push(alloc(done + new));
                     seq(i as u64, new, kv, true)
@@ -748,12 +753,15 @@ mod tests {
                 .map(|s| (s[0], s[1]))
                 .filter(|&(page, _)| page >= 0)
                 .collect();
+            let split = &limits.split;
+            let slots_fold = split.fold_blocks.is_some_and(|blocks| {
+                let heads = split.q_per_kv * split.kv_heads;
+                kernels::decode::folds(&plan.decode.slot_indptr, heads, split.q_per_kv, blocks)
+            });
+            let decode_rows: Vec<u32> = (0..decode.len() as u32).collect();
             for (k, level) in plan.levels.iter().enumerate() {
-                if level.folded {
-                    let rows: Vec<u32> = (0..decode.len() as u32).collect();
-                    prop_assert_eq!(k, 0);
-                    prop_assert_eq!(&level.rows, &rows);
-                }
+                let folds = k == 0 && level.rows == decode_rows && slots_fold;
+                prop_assert_eq!(level.folded, folds, "level {} folded", k);
                 let t = &level.groups.table;
                 for (&page, &len) in t.page_ids.iter().zip(&t.page_lens) {
                     for offset in 0..len {

@@ -65,9 +65,9 @@ impl KvSplit {
         floor_power_of_two(wanted)
     }
 
-    /// [`Self::pieces`] for the level that the step's decode rows are attended beside, where
-    /// its rows are not just those decode rows (whose decode folds the level's pieces in, and
-    /// the level fills the wave). Where [`Self::decode_beside`] (the CUDA runner starts their decode while
+    /// [`Self::pieces`] for the level that the step's decode rows are attended beside, unless
+    /// their decode folds that level's pieces in (see [`Level::folded`]; the level then fills
+    /// the wave). Where [`Self::decode_beside`] (the CUDA runner starts their decode while
     /// the level's call runs, on the multiprocessors it leaves free) and filling the wave would
     /// cut pieces shorter than [`BESIDE_WHOLE_WAVE_TOKENS`], half the wave, the other half left
     /// to the decode; otherwise [`Self::pieces`]. On an H100 (`cargo bench -p kernels --bench
@@ -135,10 +135,11 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 /// many pieces as its most demanding part wants, as far as `max_rows` rows of the pieces'
 /// outputs allow; the first level for the step's decode rows beside it where the step has some
 /// (the step's first rows, one a sequence of `decode_slots`, their table's slot prefix sums)
-/// and the split runs them so, unless its rows are those decode rows, in order, and their
-/// decode folds the level's pieces into its own rows (`kernels::decode::folds` on
-/// [`KvSplit::fold_blocks`]): then the level fills the wave. Piece `p` of part `g` is sequence
-/// `p * parts + g` of the level's call; `rows_of(i)` are the step's rows of batch sequence `i`.
+/// and the split runs them so. Where the first level's rows are those decode rows, in order,
+/// and their decode can fold the level's pieces into its own rows (`kernels::decode::folds` on
+/// [`KvSplit::fold_blocks`], on any GPU), the level is [`Level::folded`] and fills the wave.
+/// Piece `p` of part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the
+/// step's rows of batch sequence `i`.
 pub(crate) fn levels(
     parts: Vec<Unmasked>,
     rows_of: impl Fn(usize) -> Range<usize>,

@@ -648,8 +648,8 @@ fn attend<C: CacheRead>(
     let first = s.decode.as_ref().map_or(0, |d| d.table.num_seqs());
     // The decode rows' own pages: with cascade levels, beside the first level's shared pass
     // (which at 64 requests fills half the GPU), since neither reads what the other writes;
-    // where that level's rows are the decode rows, folding in its `pieces` parts if it can
-    // (then true: the level needs no merge).
+    // where the plan folds that level (`Level::folded`), folding in its `pieces` parts (then
+    // true: the level needs no merge; false where the kernel refuses, which the plan foresees).
     let decode_rows = |a: &mut Activations, beside: bool, fold: Option<usize>| -> Result<bool> {
         let Some(d) = &s.decode else {
             return Ok(false);
