@@ -243,7 +243,8 @@ pub fn folding_blocks(
 /// (`num_q_heads` heads in GQA groups of `group`) on a grid of `blocks` ([`folding_blocks`]):
 /// where no sequence's slots are shared by two blocks and none is empty.
 pub fn folds(slot_indptr: &[i32], num_q_heads: usize, group: usize, blocks: usize) -> bool {
-    let valid = slot_indptr.first() == Some(&0) && slot_indptr.windows(2).all(|w| w[0] <= w[1]);
+    let valid = (slot_indptr.len().checked_sub(1))
+        .is_some_and(|num_seqs| check_host_slots(slot_indptr, num_seqs).is_ok());
     valid && !merge_has_work(slot_indptr, num_q_heads / heads_per_block(group), blocks)
 }
 
@@ -332,7 +333,8 @@ fn launch_decode<C: CacheRead>(
             check::at_least(K, "parts.lse", parts.lse.len(), pieces * rows)?;
             check::aligned(K, "parts.o", gpu.ptr(&parts.o))?;
             let pieces = check::int(K, "pieces", pieces)?;
-            Some((gpu.ptr(&parts.o), gpu.ptr(&parts.lse), pieces))
+            let stride = check::int(K, "rows", rows)?;
+            Some((gpu.ptr(&parts.o), gpu.ptr(&parts.lse), pieces, stride))
         }
         _ => None,
     };
@@ -410,9 +412,8 @@ fn launch_decode<C: CacheRead>(
         arg(&v_scale),
     ]);
     // A folding kernel's parts: piece p's row r at p * rows + r.
-    let stride = check::int(K, "rows", rows)?;
-    if let Some((o, lse, pieces)) = &fold {
-        args.extend([arg(o), arg(lse), arg(pieces), arg(&stride)]);
+    if let Some((o, lse, pieces, stride)) = &fold {
+        args.extend([arg(o), arg(lse), arg(pieces), arg(stride)]);
     }
     unsafe { gpu.launch_args(K, &f, config, &mut args, beside.is_some()) }?;
     // Beside a cascade level this launch stands between the level's pass and the merge of its

@@ -753,11 +753,7 @@ mod tests {
                 .map(|s| (s[0], s[1]))
                 .filter(|&(page, _)| page >= 0)
                 .collect();
-            let split = &limits.split;
-            let slots_fold = split.fold_blocks.is_some_and(|blocks| {
-                let heads = split.q_per_kv * split.kv_heads;
-                kernels::decode::folds(&plan.decode.slot_indptr, heads, split.q_per_kv, blocks)
-            });
+            let slots_fold = limits.split.decode_folds(&plan.decode.slot_indptr);
             let decode_rows: Vec<u32> = (0..decode.len() as u32).collect();
             for (k, level) in plan.levels.iter().enumerate() {
                 let folds = k == 0 && level.rows == decode_rows && slots_fold;

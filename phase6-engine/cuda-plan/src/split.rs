@@ -65,6 +65,15 @@ impl KvSplit {
         floor_power_of_two(wanted)
     }
 
+    /// Whether the step's decode, over a table of these slot prefix sums, folds a first
+    /// level's pieces into its rows (`kernels::decode::folds` on [`Self::fold_blocks`]).
+    pub fn decode_folds(&self, decode_slots: &[i32]) -> bool {
+        self.fold_blocks.is_some_and(|blocks| {
+            let heads = self.q_per_kv * self.kv_heads;
+            kernels::decode::folds(decode_slots, heads, self.q_per_kv, blocks)
+        })
+    }
+
     /// [`Self::pieces`] for the level that the step's decode rows are attended beside, unless
     /// their decode folds that level's pieces in (see [`Level::folded`]; the level then fills
     /// the wave). Where [`Self::decode_beside`] (the CUDA runner starts their decode while
@@ -136,8 +145,8 @@ pub(crate) fn visible_head(entries: &[(i32, i32)], queries: usize, split: &KvSpl
 /// outputs allow; the first level for the step's decode rows beside it where the step has some
 /// (the step's first rows, one a sequence of `decode_slots`, their table's slot prefix sums)
 /// and the split runs them so. Where the first level's rows are those decode rows, in order,
-/// and their decode can fold the level's pieces into its own rows (`kernels::decode::folds` on
-/// [`KvSplit::fold_blocks`], on any GPU), the level is [`Level::folded`] and fills the wave.
+/// and their decode can fold the level's pieces into its own rows ([`KvSplit::decode_folds`], on
+/// any GPU), the level is [`Level::folded`] and fills the wave.
 /// Piece `p` of part `g` is sequence `p * parts + g` of the level's call; `rows_of(i)` are the
 /// step's rows of batch sequence `i`.
 pub(crate) fn levels(
@@ -149,10 +158,7 @@ pub(crate) fn levels(
     decode_slots: &[i32],
 ) -> Vec<Level> {
     let decode_rows = decode_slots.len().saturating_sub(1);
-    let folds = split.fold_blocks.is_some_and(|blocks| {
-        let heads = split.q_per_kv * split.kv_heads;
-        kernels::decode::folds(decode_slots, heads, split.q_per_kv, blocks)
-    });
+    let folds = split.decode_folds(decode_slots);
     let mut assigned: Vec<Vec<Unmasked>> = Vec::new();
     for part in parts {
         let free = |level: &Vec<Unmasked>| {
