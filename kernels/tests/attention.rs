@@ -238,7 +238,7 @@ fn prefill_over<C: CacheRead>(
         PrefillKernel::WgmmaWarpSpecialized,
     ]
     .into_iter()
-    .filter(|k| k.runs(gpu, &inputs))
+    .filter(|k| runs_here(gpu, *k, k.runs(gpu, &inputs)))
     .map(|kernel| {
         let mut out = gpu.upload(&poison_bf16(n * hq * d)).unwrap();
         let mut lse = gpu.upload(&poison_f32(n * hq)).unwrap();
@@ -275,8 +275,20 @@ fn run_decode(gpu: &Gpu, p: &Problem, dev: &Device, seqs: &[SeqKv]) -> (Vec<f64>
 fn decode_kernels(gpu: &Gpu, head_dim: usize) -> Vec<DecodeKernel> {
     [DecodeKernel::Loads, DecodeKernel::BulkCopies]
         .into_iter()
-        .filter(|k| k.runs_on(gpu, head_dim))
+        .filter(|k| runs_here(gpu, *k, k.runs_on(gpu, head_dim)))
         .collect()
+}
+
+/// `runs`, saying so where a kernel is left out because the GPU is not a Hopper one (elsewhere
+/// a Hopper GPU leaves kernels out only for a head size they do not serve).
+fn runs_here(gpu: &Gpu, kernel: impl std::fmt::Debug, runs: bool) -> bool {
+    if !runs && !gpu.arch().is_hopper() {
+        common::skipped(&format_args!(
+            "{kernel:?} (Hopper only) on {:?}",
+            gpu.arch()
+        ));
+    }
+    runs
 }
 
 /// Decode on `kernel` over any cache (bf16 or FP8 codes): the first `seqs.len()` rows of `q`.

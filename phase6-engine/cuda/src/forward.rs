@@ -649,7 +649,7 @@ fn attend<C: CacheRead>(
     // The decode rows' own pages: with cascade levels, beside the first level's shared pass
     // (which at 64 requests fills half the GPU), since neither reads what the other writes;
     // where the plan folds that level (`Level::folded`), folding in its `pieces` parts (then
-    // true: the level needs no merge; false where the kernel refuses, which the plan foresees).
+    // true: the level needs no merge; a refusal, which the plan foresees, is an error).
     let decode_rows = |a: &mut Activations, beside: bool, fold: Option<usize>| -> Result<bool> {
         let Some(d) = &s.decode else {
             return Ok(false);
@@ -668,9 +668,15 @@ fn attend<C: CacheRead>(
             let folded = decode::decode_attention_folding(
                 gpu, &inputs, ws, &mut out, lse, slots, &parts, pieces,
             )?;
-            if folded {
-                return Ok(true);
+            if !folded {
+                // The plan folds a level only where `decode::folds` says the call will: a
+                // refusal is a plan that disagrees with the kernel, not a slower path to take.
+                return Err(kernels::Error::InvalidArgument {
+                    kernel: "decode_attention_folding",
+                    message: "the step's plan folds its first level, but the decode refused".into(),
+                });
             }
+            return Ok(true);
         }
         let lse: Option<&mut dyn DevicePtrMut<f32>> = cascade.then_some(&mut lse_rows);
         if beside {
