@@ -14,6 +14,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod shapes;
+
 use kernels::prefill::PrefillKernel;
 use phase0::{SamplingParams, SeqId, TokenId};
 use phase1::{BlockTable, KvPool};
@@ -277,12 +279,7 @@ fn cascade_equals_flat_attention_on_the_device() {
     }
     let (config, weights, model) = tiny_shakespeare();
     cascade_equals_flat(&config, &weights, &model, (1e-2, LOGITS_REL_TOL));
-    let path = models_dir().join("tiny-shakespeare/config.json");
-    let json = std::fs::read_to_string(&path).unwrap();
-    let json = json.replace("\"head_dim\": 64", "\"head_dim\": 128");
-    let config = ModelConfig::from_json(&json, &path).unwrap();
-    assert_eq!(config.head_dim, 128);
-    let weights = Weights::random(&config, 7);
+    let (config, weights) = shapes::tiny_shakespeare_head_dim_128();
     let model = Model::from_weights(config.clone(), &weights).unwrap();
     // Random weights give flat logits, whose relative errors are larger: on an H100 1.1-1.3e-2
     // cascade against flat, and flat itself 1.2e-2 against the CPU.

@@ -21,6 +21,9 @@ use phase6_fp8::measure::{Sequences, argmax, rel_error};
 
 use kernels::decode::DecodeKernel;
 
+#[path = "../../cuda/tests/shapes/mod.rs"]
+mod shapes;
+
 fn have_gpu() -> bool {
     match kernels::Gpu::open(0) {
         Ok(_) => true,
@@ -98,19 +101,6 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Tiny Shakespeare's shape at head_dim 128 with random weights: on Hopper, the decode kernel
-/// an FP8 cache runs at Qwen3's head size with two q heads a block (the bulk-copy kernel),
-/// which no fixture's head size (32 or 64) reaches.
-fn head_dim_128() -> (ModelConfig, Weights) {
-    let path = models_dir().join("tiny-shakespeare/config.json");
-    let json = std::fs::read_to_string(&path).unwrap();
-    let json = json.replace("\"head_dim\": 64", "\"head_dim\": 128");
-    let config = ModelConfig::from_json(&json, &path).unwrap();
-    assert_eq!(config.head_dim, 128);
-    let weights = Weights::random(&config, 7);
-    (config, weights)
-}
-
 #[test]
 fn fp8_cache_on_the_gpu_follows_the_cpu_reference() {
     if !have_gpu() {
@@ -119,7 +109,10 @@ fn fp8_cache_on_the_gpu_follows_the_cpu_reference() {
     let gpu = kernels::Gpu::open(0).unwrap();
     let names = ["tiny-shakespeare", "qwen3-yarn", "qwen2-bias", "llama-gqa"];
     let cases = names.iter().map(|&n| (n.to_string(), load(n)));
-    let cases = cases.chain([("head_dim 128, random weights".to_string(), head_dim_128())]);
+    let cases = cases.chain([(
+        "head_dim 128, random weights".to_string(),
+        shapes::tiny_shakespeare_head_dim_128(),
+    )]);
     for (name, (config, weights)) in cases {
         let group = config.num_heads / config.num_kv_heads;
         let kernel = DecodeKernel::best(&gpu, config.head_dim, group, true);
