@@ -29,8 +29,9 @@ pub enum DecodeKernel {
     /// Hopper, head_dim 128: a producer warp copies each page piece with one bulk copy into a
     /// ring of shared-memory stages, which four warps read; the loads in flight no longer wait
     /// for the warps' arithmetic. The faster one over an FP8 cache at one or two q heads a
-    /// block (on an H100, two heads: 7-19% less time a call); over bf16 from 3% less time on
-    /// large batches to 6% more on 16-64 serving sequences.
+    /// block (on an H100, two heads: 1-5% less time a call than the per-lane kernel on uniform
+    /// batches and on 16 and 256 serving sequences, 3% more at 64); over bf16 0.4-1.2% less
+    /// time at 128-256 serving sequences and 2-9% more at 16-64 (BENCHMARKS' final build).
     BulkCopies,
 }
 
@@ -191,7 +192,9 @@ pub fn decode_attention_beside<C: CacheRead>(
 /// the per-lane kernel folds ([`DecodeKernel::Loads`]), where it is the fastest decode (not
 /// Hopper's FP8 decode through bulk copies), and only where every block writes its segments
 /// whole (none cut between two blocks, none empty, [`folds`]): elsewhere it launches nothing
-/// and returns `false`, and the caller decodes beside the pass and merges as before. `lse`
+/// and returns `false`; the caller then decodes beside the pass and merges as before (the
+/// cascade bench does; the engine's plan asks for a fold only where [`folds`] says it will
+/// happen, so a refusal is an error there). `lse`
 /// then holds the merge over the row's whole KV, as after [`crate::merge::merge_pieces_into`].
 #[allow(clippy::too_many_arguments)]
 pub fn decode_attention_folding<C: CacheRead>(

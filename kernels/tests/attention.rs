@@ -279,8 +279,9 @@ fn decode_kernels(gpu: &Gpu, head_dim: usize) -> Vec<DecodeKernel> {
         .collect()
 }
 
-/// `runs`, saying so where a kernel is left out because the GPU is not a Hopper one (elsewhere
-/// a Hopper GPU leaves kernels out only for a head size they do not serve).
+/// `runs`, saying so where a kernel is left out on a GPU that is not a Hopper one (on Hopper a
+/// kernel is left out only for a problem it does not serve: a head size, or an FP8 cache for
+/// the wgmma prefill kernels).
 fn runs_here(gpu: &Gpu, kernel: impl std::fmt::Debug, runs: bool) -> bool {
     if !runs && !gpu.arch().is_hopper() {
         common::skipped(&format_args!(

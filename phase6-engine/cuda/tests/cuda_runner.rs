@@ -489,12 +489,13 @@ fn split_kv_equals_one_pass(
     };
     assert!(plan_cascade(&batch).is_empty(), "no cascade group here");
     // The plans the runners make: as many pieces as one wave of the prefill kernel's blocks
-    // (two 64-row blocks a multiprocessor on `mma.sync`, one of 128 rows on Hopper's), up to 32.
+    // holds (two 64-row blocks a multiprocessor on `mma.sync`, one of 128 rows on Hopper's), a
+    // power of two up to 32; each piece's few queries are one block a KV head.
     let device = kernels::Gpu::open(0).unwrap();
     let kernel = PrefillKernel::best_for(&device, config.head_dim, false);
     let (block_rows, blocks_at_once) = kernel.wave(&device);
-    let num_sms = device.num_sms();
-    let fine_pieces = 1 << (usize::BITS - 1 - num_sms.min(32).leading_zeros());
+    let wave_pieces = blocks_at_once.div_ceil(config.num_kv_heads).min(32);
+    let fine_pieces = 1 << (usize::BITS - 1 - wave_pieces.leading_zeros());
     let pieces = |min_tokens: usize| {
         let limits = Limits {
             page_size: 16,
